@@ -1,0 +1,126 @@
+"""A single LIBERO env with LIBERO's dataset observation keys, images upright.
+
+Env i of a vector runs task `task_ids[i % n]`; `reset(options={"task_id": t})` switches task
+(rebuilding the scene, ~10-20 s on 2 cores) and `options={"init_state_id": j}` starts from the
+j-th of the task's fixed initial states (LIBERO's evaluation protocol).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
+from robo_rl.utils.rendering import configure_mujoco_gl
+
+
+def load_suite(name: str):
+    """LIBERO benchmark object for a suite name (`libero_10`, `libero_spatial`, ...)."""
+    configure_mujoco_gl()
+    from robo_rl.envs.setup_sim import ensure_libero_ready
+
+    ensure_libero_ready()
+    from libero.libero import benchmark
+
+    suites = benchmark.get_benchmark_dict()
+    if name not in suites:
+        raise ValueError(f"unknown LIBERO suite {name!r}; choose one of {sorted(suites)}")
+    return suites[name]()
+
+
+def task_instructions(suite_name: str) -> list[str]:
+    suite = load_suite(suite_name)
+    return [suite.get_task(i).language for i in range(suite.n_tasks)]
+
+
+def _quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
+    """robosuite quaternion (x, y, z, w) -> axis-angle [3], as LIBERO's datasets store `ee_ori`."""
+    w = np.clip(quat_xyzw[3], -1.0, 1.0)
+    den = np.sqrt(1.0 - w * w)
+    if den < 1e-8:
+        return np.zeros(3, dtype=np.float32)
+    return (quat_xyzw[:3] * 2.0 * np.arccos(w) / den).astype(np.float32)
+
+
+class LiberoEnv:
+    """Gym-like single env. `step` returns (obs, reward, terminated, truncated, success)."""
+
+    def __init__(self, spec: EnvSpec, env_index: int = 0):
+        self.spec = spec
+        self.suite = load_suite(spec.env_name)
+        self.env = None
+        self.task_id = -1
+        self._build(spec.task_ids[env_index % len(spec.task_ids)])
+        self._t = 0
+
+    def _build(self, task_id: int) -> None:
+        from libero.libero import get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+
+        if self.env is not None:
+            self.env.close()
+        task = self.suite.get_task(task_id)
+        bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+        cameras = list(self.spec.cameras) or ["agentview"]
+        self.env = OffScreenRenderEnv(
+            bddl_file_name=bddl,
+            camera_names=cameras,
+            camera_heights=self.spec.image_size,
+            camera_widths=self.spec.image_size,
+            use_camera_obs=bool(self.spec.rgb_keys),
+            has_offscreen_renderer=bool(self.spec.rgb_keys) or self.spec.render_size > 0,
+            **self.spec.env_kwargs,
+        )
+        self.task_id = task_id
+        self.instruction = task.language
+        self.init_states = self.suite.get_task_init_states(task_id)  # [50, state_dim]
+
+    def _obs(self, raw: dict) -> dict[str, np.ndarray]:
+        eef_pos = raw["robot0_eef_pos"].astype(np.float32)
+        ee_ori = _quat_to_axis_angle(raw["robot0_eef_quat"])
+        derived = {
+            "joint_states": raw["robot0_joint_pos"],
+            "gripper_states": raw["robot0_gripper_qpos"],
+            "ee_pos": eef_pos,
+            "ee_ori": ee_ori,
+            "ee_states": np.concatenate([eef_pos, ee_ori]),
+        }
+        obs = {k: np.asarray(derived[k] if k in derived else raw[k], dtype=np.float32) for k in self.spec.low_dim_keys}
+        for key in self.spec.rgb_keys:
+            obs[key] = to_channels_first(raw[f"{camera_of(key)}_image"])
+        obs["task_id"] = np.int64(self.task_id)
+        return obs
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> dict[str, np.ndarray]:
+        options = options or {}
+        if options.get("task_id") is not None and options["task_id"] != self.task_id:
+            self._build(int(options["task_id"]))
+        if seed is not None:
+            np.random.seed(seed)
+            self.env.seed(seed)
+        raw = self.env.reset()
+        state_id = options.get("init_state_id")
+        if state_id is not None:
+            raw = self.env.set_init_state(self.init_states[int(state_id) % len(self.init_states)])
+        self._t = 0
+        return self._obs(raw)
+
+    def step(self, action: np.ndarray):
+        raw, reward, _, _ = self.env.step(np.clip(action, -1.0, 1.0))
+        self._t += 1
+        success = bool(self.env.check_success())
+        terminated = success and self.spec.terminate_on_success
+        truncated = self._t >= self.spec.horizon and not terminated
+        return self._obs(raw), float(reward), terminated, truncated, success
+
+    def sim_state(self) -> np.ndarray:
+        return self.env.get_sim_state()
+
+    def render(self, camera: str = "agentview", size: int | None = None) -> np.ndarray:
+        size = size or self.spec.render_size or self.spec.image_size
+        frame = self.env.sim.render(camera_name=camera, width=size, height=size)
+        return np.ascontiguousarray(frame[::-1])
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()

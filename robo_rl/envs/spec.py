@@ -1,0 +1,58 @@
+"""What an environment worker needs to build its env: a small picklable description."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Observation keys whose arrays are images (uint8, stored channels-first [C, H, W]).
+IMAGE_KEY_SUFFIXES = ("_image", "_rgb")
+
+
+def is_image_key(key: str) -> bool:
+    return key.endswith(IMAGE_KEY_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One task family, as an env worker builds it.
+
+    suite:        "robosuite" (Lift, PickPlaceCan, NutAssemblySquare, ToolHang) or "libero".
+    env_name:     robosuite env class name, or LIBERO benchmark name (e.g. "libero_10").
+    low_dim_keys: float32 observation keys, robomimic names (robosuite) or LIBERO dataset names.
+    rgb_keys:     image observation keys; their camera is the key without its suffix.
+    task_ids:     LIBERO: tasks of the suite this run uses; env i runs task_ids[i % len(task_ids)].
+    render_size:  side of the frames `render()` returns for videos (0: no offscreen renderer
+                  unless images are observed).
+    """
+
+    suite: str
+    env_name: str
+    low_dim_keys: tuple[str, ...]
+    rgb_keys: tuple[str, ...] = ()
+    image_size: int = 84
+    horizon: int = 300
+    robots: str = "Panda"
+    task_ids: tuple[int, ...] = (0,)
+    render_size: int = 0
+    terminate_on_success: bool = True
+    env_kwargs: dict = field(default_factory=dict, hash=False)
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_ids)
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        return tuple(camera_of(k) for k in self.rgb_keys)
+
+
+def camera_of(rgb_key: str) -> str:
+    """`agentview_image` -> `agentview`; LIBERO's `eye_in_hand_rgb` -> `robot0_eye_in_hand`."""
+    name = rgb_key.removesuffix("_image").removesuffix("_rgb")
+    return "robot0_eye_in_hand" if name == "eye_in_hand" else name
+
+
+def to_channels_first(image_hwc: np.ndarray) -> np.ndarray:
+    """Raw MuJoCo render [H, W, C] (OpenGL: bottom row first) -> upright [C, H, W] uint8."""
+    return np.ascontiguousarray(image_hwc[::-1].transpose(2, 0, 1))

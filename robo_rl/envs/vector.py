@@ -1,0 +1,329 @@
+"""Batched envs: B single envs behind one interface, in-process (`sync`) or in worker processes.
+
+Every backend (these and `envs.warp`) returns torch tensors:
+  obs        dict key -> [B, ...]   low-dim float32, images uint8 [B, C, H, W], `task_id` int64 [B]
+  reward     [B] float32, terminated / truncated / success [B] bool
+  next_obs   the observation the step reached, before any auto-reset (for storing transitions)
+With `autoreset=True` an env whose episode ended is reset at once and `obs` holds its new first
+observation. A worker process that dies or stops answering is replaced; its episode is reported
+truncated, so the batch never hangs.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import numpy as np
+import torch
+
+from robo_rl.envs.spec import EnvSpec
+
+Obs = dict[str, torch.Tensor]
+
+
+@dataclass
+class StepResult:
+    obs: Obs
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    success: torch.Tensor
+    next_obs: Obs
+
+    @property
+    def done(self) -> torch.Tensor:
+        return self.terminated | self.truncated
+
+
+def make_single_env(spec: EnvSpec, index: int = 0):
+    if spec.suite == "robosuite":
+        from robo_rl.envs.robosuite import RobosuiteEnv
+
+        return RobosuiteEnv(spec, index)
+    if spec.suite == "libero":
+        from robo_rl.envs.libero import LiberoEnv
+
+        return LiberoEnv(spec, index)
+    raise ValueError(f"unknown suite {spec.suite!r}; expected 'robosuite' or 'libero'")
+
+
+class EnvRunner:
+    """Owns one env; executes the commands a VecEnv sends (in-process or in a worker)."""
+
+    def __init__(self, spec: EnvSpec, index: int, num_envs: int):
+        self.env = make_single_env(spec, index)
+        self.index, self.num_envs = index, num_envs
+        self.episode_seed: int | None = None
+
+    def reset(self, seed: int | None, options: dict | None):
+        self.episode_seed = seed
+        return self.env.reset(seed, options)
+
+    def step(self, action: np.ndarray, autoreset: bool):
+        obs, reward, terminated, truncated, success = self.env.step(action)
+        final = None
+        if autoreset and (terminated or truncated):
+            final = obs
+            # Per-env seed streams: env i's k-th episode gets seed0 + i + k * num_envs.
+            seed = None if self.episode_seed is None else self.episode_seed + self.num_envs
+            obs = self.reset(seed, None)
+        return obs, reward, terminated, truncated, success, final
+
+    def render(self, camera: str, size: int | None):
+        return self.env.render(camera, size)
+
+    def get(self, name: str):
+        value = getattr(self.env, name)
+        return value() if callable(value) else value
+
+    def close(self):
+        self.env.close()
+
+
+def _worker_main(conn: Connection, spec: EnvSpec, index: int, num_envs: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    torch.set_num_threads(1)
+    try:
+        runner = EnvRunner(spec, index, num_envs)
+        conn.send(("ok", None))
+        while True:
+            cmd, args = conn.recv()
+            if cmd == "close":
+                runner.close()
+                conn.send(("ok", None))
+                return
+            conn.send(("ok", getattr(runner, cmd)(*args)))
+    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+        return
+    except Exception:  # report to the parent instead of dying silently
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except (BrokenPipeError, OSError):
+            pass
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class _InlineWorker:
+    def __init__(self, spec: EnvSpec, index: int, num_envs: int):
+        self.runner = EnvRunner(spec, index, num_envs)
+        self._result = None
+
+    def send(self, cmd: str, *args) -> None:
+        self._result = getattr(self.runner, cmd)(*args)
+
+    def recv(self, timeout: float | None = None):
+        return self._result
+
+    def kill(self) -> None:
+        raise RuntimeError("an in-process env cannot be restarted")
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+class _ProcessWorker:
+    """Env in a spawned process. Construction returns at once; `recv` waits for the env to be built."""
+
+    def __init__(self, spec: EnvSpec, index: int, num_envs: int):
+        ctx = mp.get_context("spawn")  # fork would inherit torch threads and GL contexts
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, spec, index, num_envs), daemon=True)
+        self.process.start()
+        child.close()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, cmd: str, *args) -> None:
+        try:
+            self.conn.send((cmd, args))
+        except (BrokenPipeError, OSError) as e:
+            raise WorkerDied(f"worker pid {self.pid}: {e}") from e
+
+    def recv(self, timeout: float | None = None):
+        try:
+            if not self.conn.poll(timeout):
+                raise WorkerDied(f"worker pid {self.pid} did not answer within {timeout} s")
+            status, payload = self.conn.recv()
+        except (EOFError, ConnectionResetError, OSError) as e:
+            raise WorkerDied(f"worker pid {self.pid} died ({e!r})") from e
+        if status == "error":
+            raise RuntimeError(f"env worker pid {self.pid} failed:\n{payload}")
+        return payload
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+    def close(self) -> None:
+        try:
+            self.send("close")
+            self.recv(10.0)
+        except (WorkerDied, RuntimeError):
+            pass
+        self.kill()
+
+
+def _stack(obs_list: list[dict]) -> Obs:
+    return {k: torch.from_numpy(np.stack([o[k] for o in obs_list])) for k in obs_list[0]}
+
+
+class VecEnv:
+    """B envs stepped together. `workers="subprocess"` runs each in its own process."""
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        num_envs: int,
+        workers: str = "subprocess",
+        autoreset: bool = True,
+        step_timeout: float = 60.0,
+        reset_timeout: float = 300.0,
+    ):
+        if workers not in ("subprocess", "sync"):
+            raise ValueError(f"env.workers must be 'subprocess' or 'sync', got {workers!r}")
+        self.spec, self.num_envs, self.autoreset = spec, num_envs, autoreset
+        self.step_timeout, self.reset_timeout = step_timeout, reset_timeout
+        self._worker_cls = _ProcessWorker if workers == "subprocess" else _InlineWorker
+        self.workers = self._start_workers()
+        self._obs: list[dict] = []
+        self._seeds: list[int | None] = [None] * num_envs
+        self.num_restarts = 0
+
+    def _start_workers(self) -> list:
+        # Start every worker before waiting on any: scene building (seconds) overlaps across workers.
+        workers = [self._worker_cls(self.spec, i, self.num_envs) for i in range(self.num_envs)]
+        for w in workers:
+            w.recv(self.reset_timeout)
+        return workers
+
+    # -- metadata ------------------------------------------------------------------------------
+    @property
+    def action_dim(self) -> int:
+        return 7
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers if isinstance(w, _ProcessWorker)]
+
+    def get(self, name: str) -> list:
+        """Attribute `name` of every env (e.g. `instruction`, `task_id`, `sim_state`)."""
+        return self._gather(range(self.num_envs), "get", lambda i: (name,), self.reset_timeout)
+
+    @property
+    def instructions(self) -> list[str]:
+        return self.get("instruction")
+
+    # -- control -------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, options: list[dict] | None = None) -> Obs:
+        """Reset all envs; env i gets seed `seed + i` and `options[i]`."""
+        return self.reset_envs(list(range(self.num_envs)), seed, options)
+
+    def reset_envs(self, env_ids: list[int], seed: int | None = None, options: list[dict] | None = None) -> Obs:
+        """Reset only `env_ids` (env_ids[j] gets seed `seed + env_ids[j]` and `options[j]`); returns all obs."""
+        opts = options or [None] * len(env_ids)
+        seeds = {i: None if seed is None else seed + i for i in env_ids}
+        results = self._gather(env_ids, "reset", lambda i: (seeds[i], opts[env_ids.index(i)]), self.reset_timeout)
+        if not self._obs:
+            self._obs = [None] * self.num_envs
+        for i, obs in zip(env_ids, results):
+            self._obs[i], self._seeds[i] = obs, seeds[i]
+        return _stack(self._obs)
+
+    def step(self, actions: torch.Tensor | np.ndarray, active: np.ndarray | None = None) -> StepResult:
+        """actions [B, A] in [-1, 1]. Envs with `active[i] == False` are not stepped (reward 0, no flags)."""
+        actions = np.asarray(actions.detach().cpu() if torch.is_tensor(actions) else actions, dtype=np.float64)
+        if actions.shape != (self.num_envs, self.action_dim):
+            raise ValueError(f"actions must have shape {(self.num_envs, self.action_dim)}, got {actions.shape}")
+        ids = [i for i in range(self.num_envs) if active is None or active[i]]
+        reward = np.zeros(self.num_envs, np.float32)
+        terminated, truncated, success = (np.zeros(self.num_envs, bool) for _ in range(3))
+        next_obs = list(self._obs)
+        for i, out in zip(ids, self._gather(ids, "step", lambda i: (actions[i], self.autoreset), self.step_timeout)):
+            if out is None:  # worker died and was replaced: its episode ends here, truncated
+                truncated[i] = True
+                continue
+            obs, reward[i], terminated[i], truncated[i], success[i], final = out
+            next_obs[i] = obs if final is None else final
+            self._obs[i] = obs
+        return StepResult(
+            obs=_stack(self._obs),
+            reward=torch.from_numpy(reward),
+            terminated=torch.from_numpy(terminated),
+            truncated=torch.from_numpy(truncated),
+            success=torch.from_numpy(success),
+            next_obs=_stack(next_obs),
+        )
+
+    def render(self, env_ids: list[int] | None = None, camera: str = "agentview", size: int | None = None) -> np.ndarray:
+        """Upright frames [n, H, W, 3] uint8 of `env_ids` (default all)."""
+        ids = list(range(self.num_envs)) if env_ids is None else list(env_ids)
+        return np.stack(self._gather(ids, "render", lambda i: (camera, size), self.step_timeout))
+
+    # -- workers -------------------------------------------------------------------------------
+    def _gather(self, env_ids, cmd: str, args_of, timeout: float) -> list:
+        """Send `cmd` to each env in env_ids, then collect answers. A dead worker answers None
+        (for step) after it has been replaced and its env reset."""
+        env_ids = list(env_ids)
+        failed = set()
+        for i in env_ids:
+            try:
+                self.workers[i].send(cmd, *args_of(i))
+            except WorkerDied:
+                failed.add(i)
+        results = []
+        for i in env_ids:
+            if i not in failed:
+                try:
+                    results.append(self.workers[i].recv(timeout))
+                    continue
+                except WorkerDied:
+                    pass
+            self._restart(i)
+            if cmd == "step":
+                results.append(None)
+            else:  # retry once on the fresh worker
+                self.workers[i].send(cmd, *args_of(i))
+                results.append(self.workers[i].recv(timeout))
+        return results
+
+    def _restart(self, i: int) -> None:
+        """Replace env i's worker and start a new episode there (seeded from its stream)."""
+        self.workers[i].kill()
+        self.workers[i] = _ProcessWorker(self.spec, i, self.num_envs)
+        self.workers[i].recv(self.reset_timeout)
+        self.num_restarts += 1
+        seed = None if self._seeds[i] is None else self._seeds[i] + self.num_envs
+        self._seeds[i] = seed
+        self.workers[i].send("reset", seed, None)
+        obs = self.workers[i].recv(self.reset_timeout)
+        if self._obs:
+            self._obs[i] = obs
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "workers", None):
+            self.close()
