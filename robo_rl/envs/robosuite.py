@@ -16,6 +16,14 @@ _ROBOSUITE_KEY = {"object": "object-state"}
 ROBOSUITE_TASKS = ("Lift", "PickPlaceCan", "NutAssemblySquare", "ToolHang")
 
 
+def robomimic_obs(raw: dict, low_dim_keys, rgb_keys=()) -> dict[str, np.ndarray]:
+    """robosuite observation dict -> robomimic keys: low-dim float32, images upright [C, H, W] uint8."""
+    obs = {k: np.asarray(raw[_ROBOSUITE_KEY.get(k, k)], dtype=np.float32) for k in low_dim_keys}
+    for key in rgb_keys:
+        obs[key] = to_channels_first(raw[f"{camera_of(key)}_image"])
+    return obs
+
+
 def robosuite_env_kwargs(spec: EnvSpec) -> dict:
     """The kwargs robomimic stores under `env_args.env_kwargs` for this spec."""
     configure_mujoco_gl()
@@ -60,9 +68,7 @@ class RobosuiteEnv:
 
     # -- observations -------------------------------------------------------------------------
     def _obs(self, raw: dict) -> dict[str, np.ndarray]:
-        obs = {k: np.asarray(raw[_ROBOSUITE_KEY.get(k, k)], dtype=np.float32) for k in self.spec.low_dim_keys}
-        for key in self.spec.rgb_keys:
-            obs[key] = to_channels_first(raw[f"{camera_of(key)}_image"])
+        obs = robomimic_obs(raw, self.spec.low_dim_keys, self.spec.rgb_keys)
         obs["task_id"] = np.int64(self.task_id)
         return obs
 
