@@ -1,0 +1,44 @@
+"""Batched environments: `make_vec_env(cfg)` builds the backend the config asks for."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from robo_rl.envs.spec import EnvSpec
+from robo_rl.envs.vector import StepResult, VecEnv
+
+__all__ = ["EnvSpec", "StepResult", "VecEnv", "env_spec", "make_vec_env"]
+
+
+def env_spec(cfg: DictConfig, render: bool = False) -> EnvSpec:
+    """EnvSpec for `cfg.task` observed through `cfg.env.modality`; `render` adds a video renderer."""
+    task, env = cfg.task, cfg.env
+    if env.modality not in task.obs_keys:
+        raise ValueError(f"env.modality={env.modality!r} is not defined for task {task.name!r}; "
+                         f"choose one of {list(task.obs_keys)}")
+    keys = task.obs_keys[env.modality]
+    task_ids = task.task_ids
+    if task_ids is None:  # every task of a LIBERO suite
+        from robo_rl.envs.libero import load_suite
+
+        task_ids = range(load_suite(task.env_name).n_tasks)
+    return EnvSpec(
+        suite=task.suite,
+        env_name=task.env_name,
+        low_dim_keys=tuple(keys.low_dim),
+        rgb_keys=tuple(keys.rgb),
+        image_size=env.image_size,
+        horizon=task.horizon,
+        task_ids=tuple(task_ids),
+        render_size=env.render_size if render else 0,
+    )
+
+
+def make_vec_env(cfg: DictConfig, num_envs: int | None = None, render: bool = False, autoreset: bool = True):
+    """The configured backend with `num_envs` (default `cfg.env.num_envs`) envs."""
+    spec = env_spec(cfg, render)
+    num_envs = num_envs or cfg.env.num_envs
+    if cfg.env.backend == "warp":
+        from robo_rl.envs.warp import WarpVecEnv
+
+        return WarpVecEnv(spec, num_envs, device=cfg.device, autoreset=autoreset)
+    return VecEnv(spec, num_envs, workers=cfg.env.backend, autoreset=autoreset, step_timeout=cfg.env.step_timeout)

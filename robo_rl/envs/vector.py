@@ -232,15 +232,22 @@ class VecEnv:
         """Reset all envs; env i gets seed `seed + i` and `options[i]`."""
         return self.reset_envs(list(range(self.num_envs)), seed, options)
 
-    def reset_envs(self, env_ids: list[int], seed: int | None = None, options: list[dict] | None = None) -> Obs:
-        """Reset only `env_ids` (env_ids[j] gets seed `seed + env_ids[j]` and `options[j]`); returns all obs."""
+    def reset_envs(self, env_ids: list[int], seed=None, options: list[dict] | None = None) -> Obs:
+        """Reset only `env_ids`; returns the obs of all envs.
+
+        seed: int (env i gets `seed + i`), a list with one seed (or None) per entry of env_ids, or None.
+        """
         opts = options or [None] * len(env_ids)
-        seeds = {i: None if seed is None else seed + i for i in env_ids}
-        results = self._gather(env_ids, "reset", lambda i: (seeds[i], opts[env_ids.index(i)]), self.reset_timeout)
+        if seed is None or isinstance(seed, int):
+            seeds = [None if seed is None else seed + i for i in env_ids]
+        else:
+            seeds = list(seed)
+        args = dict(zip(env_ids, zip(seeds, opts)))
+        results = self._gather(env_ids, "reset", lambda i: args[i], self.reset_timeout)
         if not self._obs:
             self._obs = [None] * self.num_envs
         for i, obs in zip(env_ids, results):
-            self._obs[i], self._seeds[i] = obs, seeds[i]
+            self._obs[i], self._seeds[i] = obs, args[i][0]
         return _stack(self._obs)
 
     def step(self, actions: torch.Tensor | np.ndarray, active: np.ndarray | None = None) -> StepResult:
