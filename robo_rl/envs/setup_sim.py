@@ -18,9 +18,9 @@ import yaml
 
 def _package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
+    if spec is None or not spec.submodule_search_locations:  # namespace packages have no origin
         raise ModuleNotFoundError(f"{name} is not installed; run `make setup`")
-    return Path(spec.origin).parent
+    return Path(spec.submodule_search_locations[0])
 
 
 def ensure_libero_ready() -> Path:
