@@ -1,0 +1,219 @@
+"""Raw robosuite demonstrations -> robomimic datasets, by replaying them in the simulator.
+
+A raw file (robosuite's `collect_human_demonstrations.py`, or robomimic's `demo*.hdf5`) holds only
+MuJoCo states, actions and the scene XML of each demo. As robomimic's `dataset_states_to_obs.py`
+does, we rebuild the env, load each demo's scene, set every recorded state to read its observation,
+label rewards and dones (done = 1 at the last step and at success), and play the final action to get
+the last next observation. Separately, the recorded actions are replayed open loop from the first
+state to report whether they still reach success here and how far the simulation drifts.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+
+from robo_rl.data.hdf5 import DatasetError, Episode, demo_sort_key, write_robomimic
+from robo_rl.envs.robosuite import robomimic_obs
+from robo_rl.utils.rendering import configure_mujoco_gl
+
+# robomimic's low-dim keys for robosuite tasks (all that robosuite 1.4 provides; robomimic's
+# `robot0_eef_vel_*` came from an older robosuite branch).
+LOW_DIM_KEYS = (
+    "object", "robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos", "robot0_gripper_qvel",
+    "robot0_joint_pos", "robot0_joint_pos_cos", "robot0_joint_pos_sin", "robot0_joint_vel",
+)
+ROBOSUITE_ENV_TYPE = 1  # robomimic's EnvType.ROBOSUITE_TYPE, stored in env_args["type"]
+
+
+@dataclass
+class ReplayReport:
+    demo: str
+    steps: int
+    success: bool  # replaying the recorded actions from the first state reaches task success
+    max_state_divergence: float  # max over steps of ||replayed state - recorded state||_2
+
+
+@dataclass
+class RawDemo:
+    """One demo of a raw file: what was recorded, nothing derived."""
+
+    name: str
+    model_file: str
+    states: np.ndarray  # [T, D] float64
+    actions: np.ndarray  # [T, A]
+
+
+def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...] = (), image_size: int = 84,
+                      low_dim_keys: tuple[str, ...] = LOW_DIM_KEYS, valid_fraction: float = 0.1
+                      ) -> list[ReplayReport]:
+    """Convert a raw robosuite demo file into a robomimic dataset at `output_path`.
+
+    cameras: robosuite camera names (e.g. agentview, robot0_eye_in_hand) recorded as `<camera>_image`
+    uint8 images of image_size x image_size. Returns one replay report per demo. On any error no
+    output file is left behind.
+    """
+    env_name, env_kwargs, version, demos = read_raw_robosuite(input_path)
+    env_kwargs = {
+        **env_kwargs,
+        "has_renderer": False,
+        "has_offscreen_renderer": bool(cameras),
+        "ignore_done": True,
+        "use_object_obs": True,
+        "use_camera_obs": bool(cameras),
+        "reward_shaping": False,
+        "control_freq": env_kwargs.get("control_freq", 20),
+    }
+    if cameras:
+        env_kwargs.update(camera_names=list(cameras), camera_heights=image_size, camera_widths=image_size,
+                          camera_depths=False)
+    env = _make_env(env_name, env_kwargs, low_dim_keys)
+    rgb_keys = tuple(f"{c}_image" for c in cameras)
+    try:
+        episodes, reports = [], []
+        for demo in demos:
+            _load_scene(env, input_path, demo, version)
+            reports.append(_replay(env, demo))
+            episodes.append(_extract(env, demo, low_dim_keys, rgb_keys))
+    finally:
+        env.close()
+    env_args = {"env_name": env_name, "type": ROBOSUITE_ENV_TYPE, "env_kwargs": env_kwargs}
+    write_robomimic(output_path, episodes, env_args, valid_fraction,
+                    attrs={"source_file": os.path.basename(input_path), "source_robosuite_version": version})
+    return reports
+
+
+def read_raw_robosuite(path: str) -> tuple[str, dict, str, list[RawDemo]]:
+    """(env name, env kwargs, recorded robosuite version, demos) of a raw demo file, validated."""
+    if not os.path.exists(path):
+        raise DatasetError(f"{path}: no such file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot open as HDF5 ({e}); the file is truncated or corrupt") from e
+    with f:
+        if "data" not in f:
+            raise DatasetError(f"{path} [data]: missing group `data`; not a robosuite demo file")
+        attrs = f["data"].attrs
+        if "env_info" in attrs:  # robosuite's collect_human_demonstrations.py
+            env_kwargs = json.loads(attrs["env_info"])
+            env_name = env_kwargs.pop("env_name", None) or str(attrs.get("env"))
+        elif "env_args" in attrs:  # robomimic's raw demo*.hdf5
+            env_args = json.loads(attrs["env_args"])
+            env_name, env_kwargs = env_args["env_name"], dict(env_args["env_kwargs"])
+        else:
+            raise DatasetError(f"{path} [data]: neither `env_info` nor `env_args` attr; cannot tell which "
+                               "env recorded these demos")
+        version = str(attrs.get("repository_version", "unknown"))
+        names = sorted(f["data"].keys(), key=demo_sort_key)
+        if not names:
+            raise DatasetError(f"{path} [data]: no demos")
+        demos = [_read_raw_demo(f["data"][n], path, n) for n in names]
+    return env_name, env_kwargs, version, demos
+
+
+def _read_raw_demo(group: h5py.Group, path: str, name: str) -> RawDemo:
+    key = "states"
+    try:
+        for required in ("states", "actions"):
+            if required not in group:
+                raise DatasetError(f"{path} [data/{name}/{required}]: missing; raw demos need states and actions")
+        states = group["states"][()]
+        key = "actions"
+        actions = group["actions"][()]
+    except OSError as e:
+        raise DatasetError(f"{path} [data/{name}/{key}]: unreadable ({e}); the file is truncated or corrupt") from e
+    if states.ndim != 2 or actions.ndim != 2 or len(states) != len(actions) or len(actions) == 0:
+        raise DatasetError(f"{path} [data/{name}]: states {states.shape} and actions {actions.shape} must be "
+                           "[T, D] and [T, A] with the same T > 0")
+    model_file = group.attrs.get("model_file")
+    if model_file is None:
+        raise DatasetError(f"{path} [data/{name}/model_file]: missing attr; the scene XML is needed to replay")
+    model_file = model_file.decode() if isinstance(model_file, bytes) else str(model_file)
+    if not model_file.lstrip().startswith("<"):
+        raise DatasetError(
+            f"{path} [data/{name}/model_file]: {model_file!r} is a file name, not the scene's MJCF XML. Demo "
+            "files from robosuite < 1.2 keep the scene elsewhere and cannot be replayed with robosuite 1.4; "
+            "use demos recorded with robosuite >= 1.2 (e.g. robomimic's demo_v141.hdf5)")
+    return RawDemo(name, model_file, states.astype(np.float64), actions)
+
+
+def _make_env(env_name: str, env_kwargs: dict, low_dim_keys: tuple[str, ...]):
+    configure_mujoco_gl()
+    import robosuite
+
+    env = robosuite.make(env_name, **env_kwargs)
+    # robosuite 1.4 computes some robomimic keys (robot0_joint_pos) but leaves them switched off.
+    for key in low_dim_keys:
+        if key in env.observation_names:
+            env.modify_observable(observable_name=key, attribute="active", modifier=True)
+    return env
+
+
+def _load_scene(env, path: str, demo: RawDemo, version: str) -> None:
+    """Rebuild the sim from the demo's XML (asset paths rewritten for this install) at its first state."""
+    if demo.actions.shape[1] != env.action_dim:
+        raise DatasetError(f"{path} [data/{demo.name}/actions]: action dimension {demo.actions.shape[1]}, but "
+                           f"the env built from the file's metadata takes {env.action_dim}; the controller "
+                           "config does not match the recorded actions")
+    env.reset()
+    env.reset_from_xml_string(env.edit_model_xml(demo.model_file))
+    env.sim.reset()
+    state_dim = env.sim.get_state().flatten().shape[0]
+    if demo.states.shape[1] != state_dim:
+        raise DatasetError(f"{path} [data/{demo.name}/states]: {demo.states.shape[1]} columns, but this scene's "
+                           f"flattened MuJoCo state has {state_dim}; the demos were recorded with robosuite "
+                           f"{version}, incompatible with the installed one")
+    _set_state(env, demo.states[0])
+
+
+def _set_state(env, state: np.ndarray) -> dict:
+    env.sim.set_state_from_flattened(state)
+    env.sim.forward()
+    return env._get_observations(force_update=True)
+
+
+def _clip(actions: np.ndarray) -> np.ndarray:
+    # Teleoperation records unclipped device deltas; robosuite's controllers clip inputs to [-1, 1]
+    # before use, so clipping here stores the actions the simulator actually executed.
+    return np.clip(actions, -1.0, 1.0).astype(np.float32)
+
+
+def _replay(env, demo: RawDemo) -> ReplayReport:
+    """Open-loop replay of the recorded actions from the (already loaded) first state."""
+    success, divergence = False, 0.0
+    for t, action in enumerate(_clip(demo.actions)):
+        env.step(action)
+        success = success or bool(env._check_success())
+        if t + 1 < len(demo.states):
+            divergence = max(divergence, float(np.linalg.norm(demo.states[t + 1] - env.sim.get_state().flatten())))
+    return ReplayReport(demo.name, len(demo.actions), success, divergence)
+
+
+def _extract(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...]) -> Episode:
+    """Observations at every recorded state; reward r(s') and done for each step."""
+    T = len(demo.actions)
+    actions = _clip(demo.actions)
+    obs = [robomimic_obs(_set_state(env, demo.states[0]), low_dim_keys, rgb_keys)]
+    rewards, terminals = np.zeros(T, np.float32), np.zeros(T, bool)
+    for t in range(T):
+        if t + 1 < T:
+            raw = _set_state(env, demo.states[t + 1])
+        else:  # no recorded state after the last action: play it from the last state
+            _set_state(env, demo.states[t])
+            raw = env.step(actions[t])[0]
+        obs.append(robomimic_obs(raw, low_dim_keys, rgb_keys))
+        rewards[t] = env.reward()
+        terminals[t] = t == T - 1 or bool(env._check_success())
+    return Episode(
+        obs={k: np.stack([o[k] for o in obs]) for k in obs[0]},
+        actions=actions,
+        rewards=rewards,
+        terminals=terminals,
+        states=demo.states,
+        model_file=demo.model_file,
+        name=demo.name,
+    )

@@ -1,0 +1,348 @@
+"""Robomimic and LIBERO HDF5 files <-> `Episode`s.
+
+Robomimic layout (what robomimic's own readers expect, and what we write):
+    data                attrs: total (transitions), env_args (JSON: env_name, type, env_kwargs)
+    data/demo_i         attrs: num_samples (T), model_file (MJCF XML, when known)
+        actions [T, A]  rewards [T]  dones [T]  states [T, D] (flattened MuJoCo state, when known)
+        obs/<key> [T, ...]  next_obs/<key> [T, ...]     low-dim float, images uint8 H x W x C upright
+    mask/<filter>       demo names (bytes), at least `train` and `valid`
+LIBERO layout: the same `data/demo_i` groups but no `next_obs` and no `mask`; images
+`agentview_rgb` / `eye_in_hand_rgb` stored upside down (OpenGL convention); the task's language
+instruction in the `problem_info` JSON attr of `data`.
+
+In memory an `Episode` holds T+1 observations (obs[t+1] follows action t) so that nothing is
+stored twice; images are channels-first and upright.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+
+from robo_rl.envs.spec import is_image_key
+
+# Data-group attrs with a dedicated `Dataset` field; every other attr lands in `Dataset.attrs`.
+_KNOWN_DATA_ATTRS = ("total", "env_args")
+_DEMO_NAME = re.compile(r"demo_(\d+)$")
+
+
+@dataclass
+class Episode:
+    """One demonstration or rollout of T steps.
+
+    obs:       key -> [T+1, ...]; low-dim float32, images uint8 [T+1, C, H, W] upright,
+               optionally `task_id` int64 [T+1]
+    actions:   [T, A] float32 in [-1, 1]
+    rewards:   [T] float32
+    terminals: [T] bool, robomimic `dones` (1 at the last step / at success)
+    states:    [T, D] float64 flattened MuJoCo states, when known
+    """
+
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminals: np.ndarray
+    states: np.ndarray | None = None
+    model_file: str | None = None
+    task_id: int = 0
+    instruction: str | None = None
+    name: str | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.actions)
+
+
+@dataclass
+class Dataset:
+    path: str
+    episodes: list[Episode]
+    env_args: dict
+    format: str  # "robomimic" | "libero"
+    attrs: dict = field(default_factory=dict)  # other `data` attrs (problem_info, bddl_file_name, ...)
+
+
+class DatasetError(ValueError):
+    """A dataset file (or episodes to write) that cannot be used; the message says where and how to fix."""
+
+
+def _where(path: str, demo: str | None = None, key: str | None = None) -> str:
+    loc = f"data/{demo}" if demo else "data"
+    return f"{path} [{loc}/{key}]" if key else f"{path} [{loc}]"
+
+
+def demo_sort_key(name: str) -> tuple[int, str]:
+    """Order demo groups numerically (demo_2 before demo_10), as robomimic does."""
+    match = _DEMO_NAME.match(name)
+    return (int(match.group(1)) if match else 1 << 62, name)
+
+
+def _attr_value(value):
+    """h5py attr -> plain Python (bytes to str, numpy scalars to Python numbers)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+def read_hdf5(
+    path: str | os.PathLike,
+    obs_keys: Sequence[str] | None = None,
+    filter_key: str | None = None,
+    action_dim: int | None = None,
+    task_id: int = 0,
+) -> Dataset:
+    """Read a robomimic- or LIBERO-format file (detected from its attrs) into `Episode`s.
+
+    obs_keys:   keys to load (default: every key of the first demo). A key that some demo lacks is an error.
+    filter_key: load only the demos listed under `mask/<filter_key>` (robomimic: `train`, `valid`, ...).
+    action_dim: if given, every demo's actions must have this many columns.
+    task_id:    task index for demos whose group carries no `task_id` attr (LIBERO: one file per task).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DatasetError(f"{path}: no such file; see datasets/registry.yaml for where to get it")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot open as HDF5 ({e}); the file is truncated or corrupt, "
+                           "download or convert it again") from e
+    with f:
+        if "data" not in f:
+            raise DatasetError(f"{path}: no `data` group; this is not a robomimic/LIBERO dataset file")
+        data = f["data"]
+        attrs = {k: _attr_value(v) for k, v in data.attrs.items()}
+        fmt = "libero" if "problem_info" in attrs else "robomimic"
+        if "env_args" not in attrs:
+            hint = ("it looks like a raw robosuite demo file: convert it with "
+                    "`python scripts/convert_robosuite.py input=... output=...`") if "env_info" in attrs else \
+                   "write it with robo_rl.data.hdf5.write_robomimic"
+            raise DatasetError(f"{_where(path)}: missing attr `env_args`; {hint}")
+        env_args = json.loads(attrs.pop("env_args"))
+        attrs.pop("total", None)
+
+        demos = _demo_names(f, path, filter_key)
+        if not demos:
+            raise DatasetError(f"{_where(path)}: no demos to read")
+        first = data[demos[0]]
+        if obs_keys is None:
+            if "obs" not in first:
+                raise DatasetError(f"{_where(path, demos[0], 'obs')}: missing group `obs`")
+            obs_keys = list(first["obs"].keys())
+        instruction = json.loads(attrs["problem_info"]).get("language_instruction") if fmt == "libero" else None
+        # LIBERO records the image convention it rendered with; its released files are all "opengl".
+        flip = fmt == "libero" and attrs.get("macros_image_convention", "opengl") == "opengl"
+        episodes = [
+            _read_episode(data[d], path, d, obs_keys, action_dim, task_id, instruction, flip) for d in demos
+        ]
+    return Dataset(path=path, episodes=episodes, env_args=env_args, format=fmt, attrs=attrs)
+
+
+def _demo_names(f: h5py.File, path: str, filter_key: str | None) -> list[str]:
+    if filter_key is None:
+        return sorted(f["data"].keys(), key=demo_sort_key)
+    masks = sorted(f["mask"].keys()) if "mask" in f else []
+    if filter_key not in masks:
+        raise DatasetError(f"{path} [mask/{filter_key}]: no such filter key; the file has {masks or 'no masks'}. "
+                           "Pick one of those or pass filter_key=None for all demos")
+    names = [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in f["mask"][filter_key][()]]
+    missing = [n for n in names if n not in f["data"]]
+    if missing:
+        raise DatasetError(f"{path} [mask/{filter_key}]: lists demos missing from `data`: {missing[:5]}")
+    return sorted(names, key=demo_sort_key)
+
+
+def _read_episode(group: h5py.Group, path: str, demo: str, obs_keys: Sequence[str], action_dim: int | None,
+                  task_id: int, instruction: str | None, flip_images: bool) -> Episode:
+    key = "actions"  # the item being read, for error messages
+    try:
+        for required in ("actions", "rewards", "dones", "obs"):
+            if required not in group:
+                raise DatasetError(f"{_where(path, demo, required)}: missing; every demo needs "
+                                   "actions, rewards, dones and obs")
+        actions = group["actions"][()]
+        if actions.ndim != 2:
+            raise DatasetError(f"{_where(path, demo, 'actions')}: expected [T, A], got shape {actions.shape}")
+        T = len(actions)
+        if action_dim is not None and actions.shape[1] != action_dim:
+            raise DatasetError(f"{_where(path, demo, 'actions')}: action dimension {actions.shape[1]}, "
+                               f"expected {action_dim}; use a dataset recorded with the same controller "
+                               "or fix action_dim in the task config")
+        if "num_samples" in group.attrs and int(group.attrs["num_samples"]) != T:
+            raise DatasetError(f"{_where(path, demo)}: attr num_samples={int(group.attrs['num_samples'])} but "
+                               f"actions has {T} rows; the file is inconsistent, convert it again")
+
+        def column(name: str) -> np.ndarray:
+            nonlocal key
+            key = name
+            value = group[name][()]
+            if len(value) != T:
+                raise DatasetError(f"{_where(path, demo, name)}: {len(value)} rows but actions has {T}")
+            return value
+
+        rewards = column("rewards").astype(np.float32).reshape(T)
+        terminals = column("dones").astype(bool).reshape(T)
+        states = column("states").astype(np.float64) if "states" in group else None
+
+        has_next = "next_obs" in group
+        obs = {}
+        for k in obs_keys:
+            key = f"obs/{k}"
+            if k not in group["obs"]:
+                raise DatasetError(f"{_where(path, demo, key)}: missing; this demo has obs keys "
+                                   f"{sorted(group['obs'].keys())}. Drop `{k}` from the config's obs keys "
+                                   "or use a dataset that records it")
+            seq = column(key)
+            if has_next:
+                key = f"next_obs/{k}"
+                if k not in group["next_obs"]:
+                    raise DatasetError(f"{_where(path, demo, key)}: missing while obs/{k} exists")
+                if len(group[key]) != T:
+                    raise DatasetError(f"{_where(path, demo, key)}: {len(group[key])} rows but actions has {T}")
+                last = group[key][T - 1 : T]  # the only next observation not already in obs
+            else:
+                last = seq[-1:]  # LIBERO: repeat the final observation as the final next observation
+            obs[k] = _to_memory(k, np.concatenate([seq, last]), flip_images)
+    except DatasetError:
+        raise
+    except (OSError, KeyError, ValueError) as e:
+        raise DatasetError(f"{_where(path, demo, key)}: unreadable ({e}); the file is truncated or corrupt, "
+                           "download or convert it again") from e
+
+    model_file = group.attrs.get("model_file")
+    return Episode(
+        obs=obs,
+        actions=actions.astype(np.float32),
+        rewards=rewards,
+        terminals=terminals,
+        states=states,
+        model_file=None if model_file is None else _attr_value(model_file),
+        task_id=int(group.attrs.get("task_id", task_id)),
+        instruction=_attr_value(group.attrs["instruction"]) if "instruction" in group.attrs else instruction,
+        name=group.name.rsplit("/", 1)[-1],
+    )
+
+
+def _to_memory(key: str, values: np.ndarray, flip: bool) -> np.ndarray:
+    """File layout -> in-memory layout: images [N, H, W, C] -> upright [N, C, H, W] uint8; low-dim float32."""
+    if is_image_key(key):
+        if flip:
+            values = values[:, ::-1]
+        return np.ascontiguousarray(values.transpose(0, 3, 1, 2)).astype(np.uint8, copy=False)
+    if key == "task_id":
+        return values.astype(np.int64)
+    return values.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+def write_robomimic(
+    path: str | os.PathLike,
+    episodes: Sequence[Episode],
+    env_args: dict,
+    valid_fraction: float = 0.1,
+    attrs: dict | None = None,
+) -> None:
+    """Write episodes as a robomimic dataset with `mask/train` and `mask/valid` filter keys.
+
+    Episodes keep their names when they are unique `demo_<n>` names (so filter keys of a source file
+    still apply), else they become demo_0..demo_{N-1}. The file appears atomically: it is written under
+    a temporary name and renamed, so a failure never leaves a partial file at `path`.
+    """
+    path = os.fspath(path)
+    if not episodes:
+        raise DatasetError(f"{path}: no episodes to write")
+    names = _output_names(episodes)
+    obs_keys = sorted(episodes[0].obs.keys() - {"task_id"})
+    for name, episode in zip(names, episodes):
+        _validate_episode(path, name, episode, obs_keys)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            data = f.create_group("data")
+            for name, episode in zip(names, episodes):
+                _write_episode(data.create_group(name), episode)
+            data.attrs["total"] = int(sum(e.num_steps for e in episodes))
+            data.attrs["env_args"] = json.dumps(env_args)
+            for k, v in (attrs or {}).items():
+                if v is None:
+                    continue
+                data.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
+            train, valid = _split_train_valid(names, valid_fraction)
+            f.create_dataset("mask/train", data=np.array(train, dtype="S"))
+            f.create_dataset("mask/valid", data=np.array(valid, dtype="S"))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _output_names(episodes: Sequence[Episode]) -> list[str]:
+    names = [e.name for e in episodes]
+    if all(n is not None and _DEMO_NAME.match(n) for n in names) and len(set(names)) == len(names):
+        return names
+    return [f"demo_{i}" for i in range(len(episodes))]
+
+
+def _validate_episode(path: str, name: str, e: Episode, obs_keys: list[str]) -> None:
+    where = f"{path}: episode {name}"
+    T = e.num_steps
+    if e.actions.ndim != 2 or T == 0:
+        raise DatasetError(f"{where} actions: expected [T>0, A], got shape {e.actions.shape}")
+    if sorted(e.obs.keys() - {"task_id"}) != obs_keys:
+        raise DatasetError(f"{where} obs: keys {sorted(e.obs)} differ from the first episode's {obs_keys}; "
+                           "robomimic needs the same keys in every demo")
+    for k in obs_keys:
+        if is_image_key(k) and (e.obs[k].ndim != 4 or e.obs[k].dtype != np.uint8):
+            raise DatasetError(f"{where} obs/{k}: images must be uint8 [T+1, C, H, W], "
+                               f"got {e.obs[k].dtype} {e.obs[k].shape}")
+    lengths = {"rewards": len(e.rewards), "terminals": len(e.terminals)}
+    if e.states is not None:
+        lengths["states"] = len(e.states)
+    lengths.update({f"obs/{k}": len(v) - 1 for k, v in e.obs.items()})  # obs has one more row than actions
+    for key, n in lengths.items():
+        if n != T:
+            raise DatasetError(f"{where} {key}: {n} steps but actions has {T} "
+                               "(obs needs T+1 rows, every other array T); fix the episode before writing")
+
+
+def _write_episode(group: h5py.Group, e: Episode) -> None:
+    group.attrs["num_samples"] = e.num_steps
+    if e.model_file is not None:
+        group.attrs["model_file"] = e.model_file
+    group.attrs["task_id"] = int(e.task_id)
+    if e.instruction is not None:
+        group.attrs["instruction"] = e.instruction
+    group.create_dataset("actions", data=e.actions)
+    group.create_dataset("rewards", data=e.rewards)
+    group.create_dataset("dones", data=e.terminals.astype(np.int64))  # robomimic stores dones as integers
+    if e.states is not None:
+        group.create_dataset("states", data=e.states)
+    for k, v in e.obs.items():
+        if k == "task_id":  # kept as the demo attr; robomimic has no modality for it
+            continue
+        stored = np.ascontiguousarray(v.transpose(0, 2, 3, 1)) if is_image_key(k) else v
+        group.create_dataset(f"obs/{k}", data=stored[:-1])
+        group.create_dataset(f"next_obs/{k}", data=stored[1:])
+
+
+def _split_train_valid(names: list[str], valid_fraction: float) -> tuple[list[str], list[str]]:
+    """Deterministic split; at least one training demo, and one validation demo when asked and possible."""
+    n_valid = int(round(valid_fraction * len(names)))
+    if valid_fraction > 0 and len(names) > 1:
+        n_valid = max(n_valid, 1)
+    n_valid = min(n_valid, len(names) - 1)
+    valid_idx = set(np.random.default_rng(0).permutation(len(names))[:n_valid].tolist())
+    train = [n for i, n in enumerate(names) if i not in valid_idx]
+    valid = [n for i, n in enumerate(names) if i in valid_idx]
+    return train, valid

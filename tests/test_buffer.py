@@ -1,0 +1,295 @@
+"""ReplayBuffer against a brute-force model of what it holds.
+
+Every observation is labelled (episode id, step) so a sample names the transition it came from.
+The model of the online part follows the documented storage rule: each env stream is a ring of
+capacity / num_envs observation slots, and an episode of T steps writes T+1 of them.
+"""
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from robo_rl.data.buffer import ReplayBuffer
+from robo_rl.data.hdf5 import Episode, read_hdf5, write_robomimic
+
+GAMMA = 0.9
+SHAPES = {"state": (2,), "cam_image": (1, 2, 2)}
+
+
+def label_obs(ep: int, t: np.ndarray) -> dict[str, np.ndarray]:
+    t = np.asarray(t)
+    state = np.stack([np.full(t.shape, ep), t], -1).astype(np.float32)
+    image = np.broadcast_to((t % 251).astype(np.uint8)[..., None, None, None], (*t.shape, 1, 2, 2)).copy()
+    return {"state": state, "cam_image": image}
+
+
+class World:
+    """Feeds a buffer labelled offline episodes and env steps, and keeps the ground truth."""
+
+    def __init__(self, buffer: ReplayBuffer, rng: np.random.Generator, task_id: int | None = None):
+        self.buffer, self.rng, self.task_id = buffer, rng, task_id  # task_id: add a `task_id` obs key, as VecEnv does
+        self.truth: dict[tuple[int, int], tuple[float, bool, bool]] = {}  # (ep, t) -> reward, terminal, end
+        self.offline_ids: set[int] = set()
+        self.next_id = 0
+        E = buffer.num_envs
+        self.rings = [deque(maxlen=buffer.stream_len) for _ in range(E)]  # obs labels held per stream
+        self.current = [None] * E  # (ep, t, planned length, terminates)
+        self.finished: list[tuple[int, int]] = []  # (ep, T) of completed online episodes
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def add_offline(self, lengths) -> list[Episode]:
+        episodes = []
+        for T in lengths:
+            ep = self.new_id()
+            self.offline_ids.add(ep)
+            rewards = self.rng.normal(size=T).astype(np.float32)
+            terminals = self.rng.random(T) < 0.2
+            terminals[-1] = True
+            for t in range(T):
+                self.truth[ep, t] = (float(rewards[t]), bool(terminals[t]), t == T - 1)
+            actions = label_obs(ep, np.arange(T))["state"]
+            episodes.append(Episode(obs=label_obs(ep, np.arange(T + 1)), actions=actions, rewards=rewards,
+                                    terminals=terminals, task_id=3, name=f"demo_{ep}"))
+        self.buffer.add_offline(episodes)
+        return episodes
+
+    def step(self, max_len: int) -> None:
+        E = self.buffer.num_envs
+        for e in range(E):
+            if self.current[e] is None:
+                self.current[e] = (self.new_id(), 0, int(self.rng.integers(1, max_len + 1)), self.rng.random() < 0.5)
+        ep, t = np.array([c[0] for c in self.current]), np.array([c[1] for c in self.current])
+        obs = {k: torch.from_numpy(np.stack([label_obs(ep[e], t[e])[k] for e in range(E)])) for k in SHAPES}
+        nxt = {k: np.stack([label_obs(ep[e], t[e] + 1)[k] for e in range(E)]) for k in SHAPES}  # numpy works too
+        if self.task_id is not None:
+            obs["task_id"] = nxt["task_id"] = torch.full((E,), self.task_id)
+        reward = self.rng.normal(size=E).astype(np.float32)
+        ends = np.array([c[1] + 1 == c[2] for c in self.current])
+        terminated = ends & np.array([c[3] for c in self.current])
+        self.buffer.add(obs, obs["state"], torch.from_numpy(reward), torch.from_numpy(terminated),
+                        ends & ~terminated, nxt)
+        for e in range(E):
+            epi, ti, length, _ = self.current[e]
+            if ti == 0:
+                self.rings[e].append((epi, 0))
+            self.rings[e].append((epi, ti + 1))
+            self.truth[epi, ti] = (float(reward[e]), bool(terminated[e]), bool(ends[e]))
+            if ends[e]:
+                self.finished.append((epi, ti + 1))
+            self.current[e] = None if ends[e] else (epi, ti + 1, length, self.current[e][3])
+
+    def held(self) -> set[tuple[int, int]]:
+        """Transitions the buffer should hold: offline ones, and online ones whose obs is still in its ring."""
+        online = {lab for ring in self.rings for lab in ring}
+        return {k for k in self.truth if k[0] in self.offline_ids or k in online}
+
+    def nstep(self, ep: int, t: int, n: int, held: set) -> tuple[float, float, tuple[int, int]]:
+        ret, disc, k = 0.0, 1.0, 0
+        while True:
+            r, terminal, end = self.truth[ep, t + k]
+            ret += disc * r
+            disc *= GAMMA
+            k += 1
+            if terminal:
+                disc = 0.0
+                break
+            if end or k == n or (ep, t + k) not in held:
+                break
+        return ret, disc, (ep, t + k)
+
+    def windows(self, horizon: int, held: set, offline: bool) -> set[tuple[int, int]]:
+        starts = set()
+        for ep, t in held:
+            if (ep in self.offline_ids) != offline:
+                continue
+            steps = [(ep, t + k) for k in range(horizon)]
+            if all(s in held for s in steps) and not any(self.truth[s][2] for s in steps[:-1]):
+                starts.add((ep, t))
+        return starts
+
+
+def labels(x: torch.Tensor) -> list[tuple[int, int]]:
+    return [tuple(int(v) for v in row) for row in x.reshape(-1, 2).tolist()]
+
+
+def make_buffer(num_envs=2, capacity=40, offline_ratio=0.5, seed=0) -> ReplayBuffer:
+    return ReplayBuffer(SHAPES, None, action_dim=2, capacity=capacity, num_envs=num_envs,
+                        offline_ratio=offline_ratio, gamma=GAMMA, seed=seed)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_envs=st.integers(1, 3), capacity=st.integers(6, 40), env_steps=st.integers(0, 60),
+       max_len=st.integers(1, 9), offline=st.lists(st.integers(1, 6), max_size=3),
+       horizon=st.integers(1, 4), nstep=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_samples_match_brute_force_and_never_cross_episodes(num_envs, capacity, env_steps, max_len, offline,
+                                                            horizon, nstep, seed):
+    buffer = make_buffer(num_envs, max(capacity, 2 * num_envs), seed=seed)
+    world = World(buffer, np.random.default_rng(seed))
+    world.add_offline(offline)
+    for _ in range(env_steps):
+        world.step(max_len)
+    held = world.held()
+    assert buffer.num_offline == sum(offline)
+    assert buffer.num_online == len(held) - sum(offline)
+    if not held:
+        with pytest.raises(RuntimeError, match="empty"):
+            buffer.sample(4)
+        return
+
+    batch = buffer.sample(16, nstep=nstep)
+    for start, nxt, ret, disc, off in zip(labels(batch["obs"]["state"]), labels(batch["next_obs"]["state"]),
+                                          batch["reward"].tolist(), batch["discount"].tolist(),
+                                          batch["offline"].tolist()):
+        assert start in held and off == (start[0] in world.offline_ids)
+        want_ret, want_disc, want_next = world.nstep(*start, nstep, held)
+        assert nxt == want_next
+        assert ret == pytest.approx(want_ret, rel=1e-5, abs=1e-5) and disc == pytest.approx(want_disc, rel=1e-5)
+    np.testing.assert_array_equal(batch["next_obs"]["cam_image"][:, 0, 0, 0].numpy(),
+                                  batch["next_obs"]["state"][:, 1].numpy().astype(np.int64) % 251)
+
+    offline_windows = world.windows(horizon, held, offline=True)
+    online_windows = world.windows(horizon, held, offline=False)
+    draws_offline, draws_online = buffer.num_offline > 0, buffer.num_online > 0
+    if (draws_offline and not offline_windows) or (draws_online and not online_windows):
+        with pytest.raises(ValueError):
+            buffer.sample_sequences(8, horizon)
+        return
+    seq = buffer.sample_sequences(8, horizon)
+    assert seq["obs"]["state"].shape == (8, horizon + 1, 2) and seq["action"].shape == (8, horizon, 2)
+    for b in range(8):
+        steps = labels(seq["obs"]["state"][b])
+        ep, t = steps[0]
+        assert (ep, t) in offline_windows | online_windows
+        assert steps == [(ep, t + k) for k in range(horizon + 1)]  # one episode, consecutive steps
+        assert labels(seq["action"][b]) == steps[:-1]
+        for k in range(horizon):
+            reward, terminal, _ = world.truth[ep, t + k]
+            assert seq["reward"][b, k].item() == pytest.approx(reward)
+            assert seq["terminal"][b, k].item() == terminal
+
+
+def test_offline_online_ratio():
+    for ratio in (0.5, 0.25):
+        buffer = make_buffer(offline_ratio=ratio)
+        world = World(buffer, np.random.default_rng(0))
+        world.add_offline([5, 7])
+        assert buffer.sample(64)["offline"].all()  # no online data yet: everything from offline
+        for _ in range(30):
+            world.step(max_len=8)
+        flags = torch.cat([buffer.sample(256)["offline"] for _ in range(20)])
+        assert abs(flags.float().mean().item() - ratio) < 0.01
+    online_only = make_buffer()
+    World(online_only, np.random.default_rng(1)).step(max_len=3)
+    assert not online_only.sample(32)["offline"].any()
+
+
+def test_online_samples_cover_the_ring_uniformly():
+    buffer = make_buffer(num_envs=3, capacity=300)
+    world = World(buffer, np.random.default_rng(2))
+    for _ in range(150):  # wraps the ring
+        world.step(max_len=12)
+    held = world.held()
+    counts: dict = {}
+    for _ in range(40):
+        for lab in labels(buffer.sample(256)["obs"]["state"]):
+            counts[lab] = counts.get(lab, 0) + 1
+    assert set(counts) <= held and len(counts) == len(held)  # every held transition gets drawn
+    expected = 40 * 256 / len(held)
+    assert max(counts.values()) < 2.5 * expected and min(counts.values()) > 0.2 * expected
+
+
+def test_save_load_gives_identical_samples(tmp_path):
+    buffer = make_buffer(num_envs=2, capacity=30, seed=5)
+    world = World(buffer, np.random.default_rng(3))
+    world.add_offline([4, 6])
+    for _ in range(25):
+        world.step(max_len=5)
+    buffer.sample(8, nstep=3)  # advance the RNG: the saved state must be the current one
+    buffer.save(tmp_path / "buffer.h5")
+    loaded = ReplayBuffer.load(tmp_path / "buffer.h5")
+    assert [p.name for p in tmp_path.iterdir()] == ["buffer.h5"]
+    assert (loaded.num_offline, loaded.num_online) == (buffer.num_offline, buffer.num_online)
+    for _ in range(3):
+        a, b = buffer.sample(32, nstep=3), loaded.sample(32, nstep=3)
+        for k in ("action", "reward", "discount", "offline"):
+            assert torch.equal(a[k], b[k]), k
+        for k in SHAPES:
+            assert torch.equal(a["obs"][k], b["obs"][k]) and torch.equal(a["next_obs"][k], b["next_obs"][k])
+        sa, sb = buffer.sample_sequences(16, 2), loaded.sample_sequences(16, 2)
+        assert all(torch.equal(sa["obs"][k], sb["obs"][k]) for k in SHAPES)
+    # both keep going the same way: the write heads were restored too
+    world.buffer = loaded
+    rng_state = world.rng.bit_generator.state
+    world.step(max_len=5)
+    world.buffer, world.rng.bit_generator.state = buffer, rng_state
+    world.step(max_len=5)
+    assert torch.equal(buffer.sample(64)["obs"]["state"], loaded.sample(64)["obs"]["state"])
+
+
+def test_add_offline_appends_to_a_buffer_already_sampled():
+    buffer = make_buffer()
+    world = World(buffer, np.random.default_rng(7))
+    first = world.add_offline([4, 4])
+    buffer.sample_sequences(8, 3)
+    second = world.add_offline([5])
+    assert buffer.num_offline == 13
+    drawn = {ep for ep, _ in labels(buffer.sample_sequences(256, 3)["obs"]["state"][:, 0])}
+    assert drawn == {int(e.obs["state"][0, 0]) for e in first + second}
+
+
+def test_statistics_come_from_offline_data():
+    buffer = make_buffer()
+    world = World(buffer, np.random.default_rng(4))
+    with pytest.raises(RuntimeError, match="add_offline"):
+        buffer.obs_stats()
+    episodes = world.add_offline([3, 8, 5])
+    for _ in range(10):
+        world.step(max_len=4)  # online data must not move the statistics
+    stats = buffer.obs_stats()
+    assert set(stats) == {"state"}  # images are not normalised this way
+    states = np.concatenate([e.obs["state"] for e in episodes])
+    np.testing.assert_allclose(stats["state"][0], states.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(stats["state"][1], states.std(0), rtol=1e-6)
+    mean, std = buffer.action_stats()
+    actions = np.concatenate([e.actions for e in episodes])
+    np.testing.assert_allclose(mean, actions.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(std, actions.std(0), rtol=1e-6)
+
+
+def test_online_episodes_round_trip_through_robomimic_files(tmp_path):
+    buffer = ReplayBuffer({**SHAPES, "task_id": ()}, None, action_dim=2, capacity=24, num_envs=2, gamma=GAMMA)
+    world = World(buffer, np.random.default_rng(6), task_id=7)
+    for _ in range(30):  # wraps the ring: the oldest episodes are partly overwritten
+        world.step(max_len=6)
+    episodes = buffer.online_episodes()
+    held = world.held()
+    intact = [(ep, T) for ep, T in world.finished if all((ep, t) in held for t in range(T))]
+    assert 0 < len(intact) < len(world.finished)
+    assert [int(e.obs["state"][0, 0]) for e in episodes] == [ep for ep, _ in intact]
+    for e, (ep, T) in zip(episodes, intact):
+        assert e.num_steps == T and labels(torch.from_numpy(e.obs["state"])) == [(ep, t) for t in range(T + 1)]
+        np.testing.assert_allclose(e.rewards, [world.truth[ep, t][0] for t in range(T)])
+        assert e.terminals.tolist() == [world.truth[ep, t][1] for t in range(T)]
+        assert (e.obs["task_id"] == 7).all() and e.task_id == 7
+    write_robomimic(tmp_path / "online.hdf5", episodes, {"env_name": "Lift", "type": 1, "env_kwargs": {}})
+    back = read_hdf5(tmp_path / "online.hdf5").episodes
+    assert [b.num_steps for b in back] == [e.num_steps for e in episodes]
+    np.testing.assert_array_equal(back[0].obs["cam_image"], episodes[0].obs["cam_image"])
+    assert back[0].task_id == 7
+
+
+def test_bad_input_is_rejected_with_a_clear_message():
+    buffer = make_buffer()
+    bad = Episode(obs=label_obs(1, np.arange(4)), actions=np.zeros((3, 5), np.float32),
+                  rewards=np.zeros(3, np.float32), terminals=np.zeros(3, bool), name="demo_9")
+    with pytest.raises(ValueError, match="demo_9.*actions"):
+        buffer.add_offline([bad])
+    with pytest.raises(KeyError, match="cam_image"):
+        buffer.add({"state": np.zeros((2, 2))}, np.zeros((2, 2)), np.zeros(2), np.zeros(2), np.zeros(2),
+                   {"state": np.zeros((2, 2))})
