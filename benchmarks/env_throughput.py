@@ -1,0 +1,180 @@
+"""Env throughput: control steps per second of each env backend, against baselines measured in the same run.
+
+Every rate counts *control steps* (one policy action = robosuite's 25 physics substeps at 20 Hz),
+summed over envs/worlds, with uniform random actions and auto-reset.
+
+  subprocess backend (issue 2):
+    python benchmarks/env_throughput.py --task lift --num-envs 2 --steps 300 --json OUT
+    raw_mj_step_per_s        plain `mujoco.mj_step` loop on the same compiled model (25 substeps = 1 step)
+    single_env_steps_per_s   one RobosuiteEnv in this process
+    vector_env_steps_per_s   VecEnv(workers="subprocess") with --num-envs envs
+    vector_speedup           vector / single
+
+  warp backend (issue 6):
+    python benchmarks/env_throughput.py --backend warp --task lift --num-envs 1 16 256 --json OUT
+    warp_world_steps_per_s   {B: world control steps/s} of WarpVecEnv for each --num-envs B (--device cpu|cuda)
+    subprocess_steps_per_s   the subprocess VecEnv with --subprocess-envs envs (default: one per CPU core)
+    warp_speedup             {B: warp / subprocess}
+
+--images adds 84x84 agentview observations (not to the raw mj_step loop).
+A measurement stops after --steps control steps or --max-seconds, whichever comes first (MuJoCo Warp
+on a CPU takes seconds per step at large B). Warm-up steps (kernel compilation) are not timed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from robo_rl.envs.spec import EnvSpec
+
+TASKS = {"lift": "Lift", "can": "PickPlaceCan"}
+LOW_DIM_KEYS = ("object", "robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
+
+
+def timed_rate(step, batch: int, steps: int, max_seconds: float, warmup: int = 2, sync=lambda: None) -> float:
+    """Control steps x batch per second of `step()` (untimed warm-up first)."""
+    for _ in range(warmup):
+        step()
+    sync()
+    start, done = time.perf_counter(), 0
+    while done < steps and (done == 0 or time.perf_counter() - start < max_seconds):
+        step()
+        done += 1
+    sync()
+    return done * batch / (time.perf_counter() - start)
+
+
+def random_actions(num_envs: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.uniform(-1.0, 1.0, (num_envs, 7)).astype(np.float32)
+
+
+def raw_mj_step_rate(spec: EnvSpec, steps: int, max_seconds: float) -> float:
+    """`mujoco.mj_step` on the task's compiled model; random torques held for 25 substeps."""
+    import mujoco
+
+    from robo_rl.envs.warp.scene import make_robosuite_env
+
+    env = make_robosuite_env(spec)
+    model, substeps = env.sim.model._model, int(round(env.control_timestep / env.model_timestep))
+    data = mujoco.MjData(model)
+    data.qpos[:] = env.sim.data.qpos
+    env.close()
+    low, high = model.actuator_ctrlrange.T
+    rng = np.random.default_rng(0)
+
+    def step():
+        data.ctrl[:] = rng.uniform(low, high)
+        for _ in range(substeps):
+            mujoco.mj_step(model, data)
+
+    return timed_rate(step, 1, steps, max_seconds)
+
+
+def single_env_rate(spec: EnvSpec, steps: int, max_seconds: float) -> float:
+    from robo_rl.envs.robosuite import RobosuiteEnv
+
+    env = RobosuiteEnv(spec)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+
+    def step():
+        _, _, terminated, truncated, _ = env.step(random_actions(1, rng)[0])
+        if terminated or truncated:
+            env.reset()
+
+    rate = timed_rate(step, 1, steps, max_seconds)
+    env.close()
+    return rate
+
+
+def subprocess_rate(spec: EnvSpec, num_envs: int, steps: int, max_seconds: float) -> float:
+    from robo_rl.envs.vector import VecEnv
+
+    rng = np.random.default_rng(0)
+    with VecEnv(spec, num_envs, workers="subprocess") as env:
+        env.reset(seed=0)
+        return timed_rate(lambda: env.step(random_actions(num_envs, rng)), num_envs, steps, max_seconds)
+
+
+def warp_rate(spec: EnvSpec, num_envs: int, device: str, steps: int, max_seconds: float) -> float:
+    from robo_rl.envs.warp import WarpVecEnv
+
+    env = WarpVecEnv(spec, num_envs, device=device)
+    env.reset(seed=0)
+    generator = torch.Generator(device=env.device).manual_seed(0)
+
+    def step():
+        env.step(torch.rand(num_envs, 7, generator=generator, device=env.device) * 2 - 1)
+
+    sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+    rate = timed_rate(step, num_envs, steps, max_seconds, sync=sync)
+    env.close()
+    return rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=sorted(TASKS), default="lift")
+    parser.add_argument("--backend", choices=["subprocess", "warp"], default="subprocess")
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[2])
+    parser.add_argument("--steps", type=int, default=300, help="control steps per measurement (at most)")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="time limit per measurement")
+    parser.add_argument("--device", default="cpu", help="warp backend: cpu or cuda[:i]")
+    parser.add_argument("--subprocess-envs", type=int, default=os.cpu_count(),
+                        help="warp backend: envs of the subprocess baseline")
+    parser.add_argument("--horizon", type=int, default=300)
+    parser.add_argument("--images", action="store_true",
+                        help="observe agentview_image (84x84) too: robosuite's OpenGL camera / Warp's ray tracer")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args()
+    if args.backend == "subprocess" and len(args.num_envs) != 1:
+        parser.error("--backend subprocess measures one vector size; pass a single --num-envs")
+
+    spec = EnvSpec(suite="robosuite", env_name=TASKS[args.task], low_dim_keys=LOW_DIM_KEYS, horizon=args.horizon,
+                   rgb_keys=("agentview_image",) if args.images else ())
+    budget = dict(steps=args.steps, max_seconds=args.max_seconds)
+    results: dict = dict(task=spec.env_name, backend=args.backend, unit="control steps/s (25 substeps each)",
+                         observations=list(spec.low_dim_keys + spec.rgb_keys),
+                         cpu_count=os.cpu_count(), load_avg_start=os.getloadavg()[0])
+    rows: list[tuple[str, float, str]] = []
+
+    raw = raw_mj_step_rate(spec, **budget)
+    results["raw_mj_step_per_s"] = raw
+    rows.append(("raw mujoco.mj_step loop", raw, "reference"))
+    if args.backend == "subprocess":
+        num_envs = args.num_envs[0]
+        single = single_env_rate(spec, **budget)
+        vector = subprocess_rate(spec, num_envs, **budget)
+        results.update(num_envs=num_envs, single_env_steps_per_s=single, vector_env_steps_per_s=vector,
+                       vector_speedup=vector / single)
+        rows += [("single RobosuiteEnv", single, f"{single / raw:.2f}x raw"),
+                 (f"subprocess VecEnv x{num_envs}", vector, f"{vector / single:.2f}x single")]
+    else:
+        baseline = subprocess_rate(spec, args.subprocess_envs, **budget)
+        warp = {b: warp_rate(spec, b, args.device, **budget) for b in args.num_envs}
+        results.update(device=args.device, subprocess_num_envs=args.subprocess_envs,
+                       subprocess_steps_per_s=baseline, warp_world_steps_per_s=warp,
+                       warp_speedup={b: v / baseline for b, v in warp.items()})
+        rows.append((f"subprocess VecEnv x{args.subprocess_envs}", baseline, "baseline"))
+        rows += [(f"WarpVecEnv B={b} ({args.device})", v, f"{v / baseline:.2f}x subprocess") for b, v in warp.items()]
+    results["load_avg_end"] = os.getloadavg()[0]
+
+    print(f"\n{spec.env_name}{' + 84x84 agentview images' if args.images else ''}: control steps/s summed over envs "
+          f"(load avg {results['load_avg_start']:.1f} -> {results['load_avg_end']:.1f}, {os.cpu_count()} cores)")
+    print(f"{'backend':<34}{'steps/s':>12}  ratio")
+    for name, rate, ratio in rows:
+        print(f"{name:<34}{rate:>12.1f}  {ratio}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
