@@ -1,0 +1,283 @@
+"""QWM search: pick each env's action by looking ahead through the latent world model.
+
+QWM (arXiv 2608.17163) keeps policy and critic model-free, trained on real transitions only, and
+uses the world model solely to *choose* actions. The paper gives the ingredients but no code; this
+is our precise version. For each env (all B envs, N candidates and K samples run as one batched
+tensor program; only the depth loop is Python):
+
+    root     a_n ~ π(z0), n < N;  G_0 = Q(z0, a_n)
+    expand   depth 1 holds K samples z_1 ~ next(z0, a_n). Every node z_d gets one probe action
+             a_d ~ π(z_d) and its d-step return
+                 g = Σ_{t<d} γ^t r̂_t + γ^d Q(z_d, a_d)          ("paths ranked by discounted Q").
+             Per root action the J nodes with the best g are kept; below depth D they are expanded
+             through their probe action into K samples each (J·K nodes at the next depth).
+    leaves   the J kept nodes of depth D end the kept paths; each is evaluated more carefully with
+             N_leaf policy actions a_i ~ π(z_D): g = Σ_{t<D} γ^t r̂_t + γ^D mean_i Q(z_D, a_i).
+    value    G_d = mean of g over the nodes of depth d: a d-step model-based estimate of the value
+             of a_n, averaged over the model's samples (its uncertainty).
+             T = Σ_d λ^(d−1) G_d / Σ_d λ^(d−1)          (d = 1..D: λ discounts deeper estimates)
+    score    S_n = w·G_0 + (1 − w)·T
+    select   argmax_n S_n, or n ~ softmax(S / temperature)
+
+How the values combine: with the default root weight w = ½ the score is QWM's ½(V_Q + V_r), the
+critic's value of the action and the value the world model rolls out for it. Deeper estimates see
+more of the future but compound model error, so λ (0.1–0.2) weights depth d by λ^(d−1), as
+TD(λ) weights longer returns. The beam only chooses which nodes to look at deeper; every sampled
+node of a depth enters its mean. (Nodes below the first depth descend from the best-ranked ones, a
+mild optimism that J > 1 softens.)
+
+Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
+robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
+termination head multiplies later terms by the probability that the imagined episode is still
+running; without one it is 1.
+
+Q reads latents: the critic acts on the same latent space the world model predicts, so imagined
+states are evaluated directly, with no decoder back to observations.
+
+Cost per env: N + D·N·J·K + N·J·N_leaf policy samples and as many Q values (200 at the defaults),
+plus one world-model call per depth.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange, reduce, repeat
+from torch import Tensor
+
+Policy = Callable[[Tensor], Tensor]  # z [M, Z] -> a [M, A], a stochastic sample
+Critic = Callable[[Tensor, Tensor], Tensor]  # z [M, Z], a [M, A] -> Q [M]
+Dynamics = Callable[[Tensor, Tensor, int], Tensor]  # z [M, Z], a [M, A], K -> z' [M, K, Z]
+Reward = Callable[[Tensor, Tensor], Tensor]  # z [M, Z], a [M, A] -> r̂ [M]
+Terminal = Callable[[Tensor, Tensor], Tensor]  # z [M, Z], a [M, A] -> P(done) [M]
+
+
+@dataclass(frozen=True)
+class QWMConfig:
+    num_actions: int = 8  # N root actions from the policy
+    num_samples: int = 8  # K world-model samples per expanded action
+    depth: int = 2  # D; 0 = best-of-N by Q (SORL's test-time scaling) without the world model
+    beam: int = 1  # J nodes kept per root action at each depth
+    leaf_actions: int = 8  # N_leaf policy actions whose Q is averaged at a kept leaf
+    lam: float = 0.2  # λ: the depth-d estimate G_d enters the tree value T with weight ∝ λ^(d−1)
+    gamma: float = 0.99
+    root_weight: float = 0.5  # w: S = w·Q(z0, a) + (1 − w)·T
+    selection: str = "argmax"  # "argmax" | "softmax"
+    temperature: float = 1.0  # softmax temperature, in units of Q
+    policy_steps: int = 4  # Euler steps of the SORL sampler; the agent reads it when it builds `pi`
+
+    def __post_init__(self):
+        for name in ("num_actions", "num_samples", "beam", "leaf_actions", "policy_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"QWMConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.depth < 0:
+            raise ValueError(f"QWMConfig.depth must be >= 0, got {self.depth}")
+        if self.beam > self.num_samples:
+            raise ValueError(f"QWMConfig.beam ({self.beam}) cannot exceed num_samples ({self.num_samples}): "
+                             "the first depth has only K nodes per root action to keep")
+        if not (0.0 <= self.lam <= 1.0 and 0.0 <= self.root_weight <= 1.0):
+            raise ValueError(f"QWMConfig.lam and root_weight are mixing weights in [0, 1], "
+                             f"got lam={self.lam}, root_weight={self.root_weight}")
+        if self.selection not in ("argmax", "softmax"):
+            raise ValueError(f'QWMConfig.selection must be "argmax" or "softmax", got {self.selection!r}')
+        if self.temperature <= 0:
+            raise ValueError(f"QWMConfig.temperature must be > 0, got {self.temperature}")
+
+
+class QWMPlanner:
+    """Batched QWM search over B envs; see the module docstring for the algorithm."""
+
+    def __init__(self, cfg: QWMConfig | None = None):
+        self.cfg = cfg or QWMConfig()
+
+    @torch.no_grad()
+    def plan(
+        self,
+        z: Tensor,
+        pi: Policy,
+        q: Critic,
+        next: Dynamics,
+        reward: Reward | None = None,
+        terminal: Terminal | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """z [B, Z] -> (actions [B, A], info).
+
+        info: "candidates" [B, N, A], "scores" [B, N], "q" [B, N] (critic at the root), "index" [B]
+        (the chosen candidate) and, for depth > 0, "tree_value" [B, N] (T above).
+        generator: drives softmax selection; the callables draw their own randomness.
+        """
+        cfg = self.cfg
+        if z.dim() != 2:
+            raise ValueError(f"z must be a batch of latents [B, Z], got shape {tuple(z.shape)}")
+        B = z.shape[0]
+        z0 = repeat(z, "b z -> (b n) z", n=cfg.num_actions)  # one row per root action
+        a0 = _policy(pi, z0)
+        q0 = _value(q, z0, a0)
+        info = {"candidates": rearrange(a0, "(b n) a -> b n a", b=B), "q": rearrange(q0, "(b n) -> b n", b=B)}
+        score = q0
+        if cfg.depth > 0:
+            tree_value = self._tree_value(z0, a0, pi, q, next, reward, terminal)
+            score = cfg.root_weight * q0 + (1.0 - cfg.root_weight) * tree_value
+            info["tree_value"] = rearrange(tree_value, "(b n) -> b n", b=B)
+        info["scores"] = rearrange(score, "(b n) -> b n", b=B)
+        info["index"] = self._select(info["scores"], generator)
+        return info["candidates"][torch.arange(B, device=z.device), info["index"]], info
+
+    def _tree_value(self, z0: Tensor, a0: Tensor, pi, q, next, reward, terminal) -> Tensor:
+        """T for each of the M = B·N root actions z0 [M, Z], a0 [M, A] -> [M]."""
+        cfg = self.cfg
+        M, K, gamma = z0.shape[0], cfg.num_samples, cfg.gamma
+        # The kept nodes [M, P, ...] (P = 1 at the root, then J) with the action expanded from each;
+        # `path` is the discounted model return through that action, `alive` the probability that the
+        # imagined episode is still running after it.
+        z, a = z0[:, None], a0[:, None]
+        path, alive = (x[:, None] for x in _reward_and_continuation(reward, terminal, z0, a0))
+        estimates = []  # G_d, each [M]
+        for d in range(1, cfg.depth + 1):
+            z = rearrange(_samples(next, z.flatten(0, 1), a.flatten(0, 1), K), "(m p) k z -> m (p k) z", m=M)
+            path, alive = repeat(path, "m p -> m (p k)", k=K), repeat(alive, "m p -> m (p k)", k=K)
+            nodes = z.flatten(0, 1)  # [M·C, Z]
+            probe = _policy(pi, nodes)
+            returns = path + gamma**d * alive * _value(q, nodes, probe).view(M, -1)  # [M, C]: d-step returns
+            keep = returns.topk(cfg.beam, dim=1).indices  # [M, J]
+            if d < cfg.depth:
+                r, cont = (x.view(M, -1) for x in _reward_and_continuation(reward, terminal, nodes, probe))
+                z, a = _take(z, keep), _take(probe.view(M, -1, probe.shape[-1]), keep)
+                path, alive = _take(path + gamma**d * alive * r, keep), _take(alive * cont, keep)
+            else:
+                L = cfg.leaf_actions
+                leaves = repeat(_take(z, keep), "m j z -> (m j l) z", l=L)
+                value = reduce(_value(q, leaves, _policy(pi, leaves)), "(m j l) -> m j", "mean", m=M, l=L)
+                returns = returns.scatter(1, keep, _take(path, keep) + gamma**d * _take(alive, keep) * value)
+            estimates.append(returns.mean(1))
+        weights = cfg.lam ** torch.arange(cfg.depth, dtype=z0.dtype, device=z0.device)
+        return (torch.stack(estimates, 1) * weights).sum(1) / weights.sum()
+
+    def _select(self, scores: Tensor, generator: torch.Generator | None) -> Tensor:
+        """scores [B, N] -> chosen index [B]."""
+        if self.cfg.selection == "argmax":
+            return scores.argmax(1)
+        probs = torch.softmax(scores / self.cfg.temperature, dim=1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def plan_reference(
+    cfg: QWMConfig,
+    z: Tensor,
+    pi: Policy,
+    q: Critic,
+    next: Dynamics,
+    reward: Reward | None = None,
+    terminal: Terminal | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The same search written as a literal tree walk: one env, one root action, one node at a time.
+
+    Slow and shares no search code with `QWMPlanner.plan`; used to test it and as the benchmark's
+    baseline. It calls `pi` on the N copies of each root latent and on the N_leaf copies of each leaf
+    latent at once (as `plan` does) and on single nodes otherwise, so callables whose randomness is a
+    function of their inputs give both versions the same numbers. Softmax selection draws per env,
+    so only argmax selection is comparable draw for draw.
+    """
+    actions, all_scores, indices = [], [], []
+    for z_env in z:
+        candidates = pi(z_env.expand(cfg.num_actions, -1))
+        scores = []
+        for a_root in candidates:
+            q_root, r_root, cont_root = _node_scalars(z_env, a_root, q, reward, terminal)
+            score = q_root
+            if cfg.depth > 0:
+                root = _Node(z_env, a_root, r_root, cont_root, path=0.0)
+                estimates = _depth_estimates(cfg, root, pi, q, next, reward, terminal)
+                weights = [cfg.lam**d for d in range(cfg.depth)]
+                tree_value = sum(w * g for w, g in zip(weights, estimates)) / sum(weights)
+                score = cfg.root_weight * q_root + (1.0 - cfg.root_weight) * tree_value
+            scores.append(score)
+        if cfg.selection == "argmax":
+            index = max(range(len(scores)), key=lambda n: scores[n])
+        else:
+            probs = torch.softmax(torch.tensor(scores) / cfg.temperature, dim=0)
+            index = int(torch.multinomial(probs, 1, generator=generator))
+        actions.append(candidates[index])
+        all_scores.append(scores)
+        indices.append(index)
+    return torch.stack(actions), {"scores": torch.tensor(all_scores), "index": torch.tensor(indices)}
+
+
+@dataclass
+class _Node:
+    """A kept node of the reference tree: its latent and the action expanded from it."""
+
+    z: Tensor  # [Z]
+    action: Tensor  # [A]
+    reward: float  # r̂(z, action)
+    cont: float  # 1 − P(done | z, action)
+    path: float  # discounted model return of the actions before this one
+    alive: float = 1.0  # probability the imagined episode is still running at z
+    ret: float = 0.0  # the node's d-step return
+
+
+def _depth_estimates(cfg: QWMConfig, root: _Node, pi, q, next, reward, terminal) -> list[float]:
+    """[G_1, ..., G_D] for one root action (reference version)."""
+    kept, estimates = [root], []
+    for d in range(1, cfg.depth + 1):
+        nodes = []
+        for parent in kept:
+            path = parent.path + cfg.gamma ** (d - 1) * parent.alive * parent.reward
+            alive = parent.alive * parent.cont
+            for z_child in next(parent.z[None], parent.action[None], cfg.num_samples)[0]:
+                probe = pi(z_child[None])[0]
+                value, r, cont = _node_scalars(z_child, probe, q, reward, terminal)
+                nodes.append(_Node(z_child, probe, r, cont, path, alive, path + cfg.gamma**d * alive * value))
+        kept = sorted(nodes, key=lambda n: n.ret, reverse=True)[: cfg.beam]
+        if d == cfg.depth:
+            for leaf in kept:
+                copies = leaf.z.expand(cfg.leaf_actions, -1)
+                leaf.ret = leaf.path + cfg.gamma**d * leaf.alive * q(copies, pi(copies)).mean().item()
+        estimates.append(sum(n.ret for n in nodes) / len(nodes))
+    return estimates
+
+
+def _node_scalars(z: Tensor, a: Tensor, q, reward, terminal) -> tuple[float, float, float]:
+    """Q, r̂ and continuation probability of one (z [Z], a [A])."""
+    z, a = z[None], a[None]
+    r = reward(z, a).item() if reward is not None else 0.0
+    cont = 1.0 - terminal(z, a).item() if terminal is not None else 1.0
+    return q(z, a).item(), r, cont
+
+
+# -- batched helpers -----------------------------------------------------------------------------
+def _take(x: Tensor, index: Tensor) -> Tensor:
+    """x [M, C, ...], index [M, J] -> [M, J, ...] with out[m, j] = x[m, index[m, j]]."""
+    return x[torch.arange(x.shape[0], device=x.device)[:, None], index]
+
+
+def _reward_and_continuation(reward, terminal, z: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
+    """r̂ [M] (0 without a reward head) and 1 − P(done) [M] (1 without a termination head)."""
+    r = _value(reward, z, a, "reward") if reward is not None else z.new_zeros(z.shape[0])
+    cont = 1.0 - _value(terminal, z, a, "terminal") if terminal is not None else z.new_ones(z.shape[0])
+    return r, cont
+
+
+def _policy(pi: Policy, z: Tensor) -> Tensor:
+    a = pi(z)
+    if a.dim() != 2 or a.shape[0] != z.shape[0]:
+        raise ValueError(f"pi(z [M={z.shape[0]}, Z]) must return actions [M, A], got {tuple(a.shape)}")
+    return a
+
+
+def _value(f: Critic, z: Tensor, a: Tensor, name: str = "q") -> Tensor:
+    v = f(z, a)
+    if v.shape != (z.shape[0],):
+        raise ValueError(f"{name}(z, a) must return one value per row [M={z.shape[0]}], got {tuple(v.shape)}")
+    return v
+
+
+def _samples(next: Dynamics, z: Tensor, a: Tensor, K: int) -> Tensor:
+    z_next = next(z, a, K)
+    if z_next.shape != (z.shape[0], K, z.shape[1]):
+        raise ValueError(f"next(z, a, K={K}) must return [M={z.shape[0]}, K={K}, Z={z.shape[1]}], "
+                         f"got {tuple(z_next.shape)}")
+    return z_next
