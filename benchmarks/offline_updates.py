@@ -1,0 +1,138 @@
+"""Gradient updates per second of SORLAgent.update on CPU (Lift-sized state obs, batch 256).
+
+Variants: the default 10-head critic and SORL's 2-head critic (actor and critic 4x512 MLPs,
+19-D state obs, 7-D actions). Rounds of the variants are interleaved and the best round is the
+headline (other processes only ever slow a round down); the median is reported beside it.
+Baseline in the same run: one critic training step (10 heads, fwd + bwd + Adam) with the stacked
+ensemble layer against the same heads as a Python loop over separate MLPs.
+Anchor measured earlier on this machine: SORL's own JAX code, same nets, 2-head critic: 5.2-5.5
+updates/s.
+
+    python benchmarks/offline_updates.py --json out.json [--rounds 5] [--steps 10] [--threads N] [--compile]
+
+On a machine whose cores are busy with other processes, use --threads 1: torch's intra-op threads
+wait for each other at every op, and a descheduled thread stalls them all (measured here with
+small nets on 2 loaded cores: 1.8 s per update with 2 threads, 0.07 s with 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from robo_rl.agents.sorl import SORLAgent, SORLConfig
+from robo_rl.nets.mlp import EnsembleMLP, mlp
+
+LIFT_OBS = {"object": (10,), "robot0_eef_pos": (3,), "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,)}
+ACTION_DIM, BATCH = 7, 256
+SORL_JAX_ANCHOR = 5.35  # updates/s, midpoint of 5.2-5.5 measured on this machine (2-head critic)
+
+
+def synthetic_batch() -> dict:
+    def obs() -> dict[str, torch.Tensor]:
+        return {k: torch.randn(BATCH, *shape) for k, shape in LIFT_OBS.items()}
+
+    return {
+        "obs": obs(),
+        "next_obs": obs(),
+        "action": torch.rand(BATCH, ACTION_DIM) * 2 - 1,
+        "reward": torch.rand(BATCH),
+        "discount": torch.full((BATCH,), 0.99),
+        "offline": torch.ones(BATCH, dtype=torch.bool),
+    }
+
+
+def rate(fn: Callable[[], object], steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return steps / (time.perf_counter() - start)
+
+
+def critic_step(critic: nn.Module, heads: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+    """One TD-regression step of a 10-head critic on fixed inputs (forward, backward, Adam)."""
+    x, target = torch.randn(BATCH, 256 + ACTION_DIM), torch.randn(BATCH)
+    optimizer = torch.optim.Adam(critic.parameters(), lr=1e-4)
+
+    def step() -> None:
+        loss = (heads(x).squeeze(-1) - target).square().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write results here")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="timed updates per round")
+    parser.add_argument("--compile", action="store_true", help="also time SORLConfig(compile=True)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice, one per core)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    batch = synthetic_batch()
+
+    variants: dict[str, Callable[[], object]] = {}
+    for heads in (10, 2):
+        for compiled in (False, True) if args.compile else (False,):
+            agent = SORLAgent(LIFT_OBS, ACTION_DIM, config=SORLConfig(num_critics=heads, compile=compiled))
+            variants[f"SORLAgent.update, {heads} heads{', compiled' if compiled else ''}"] = (
+                lambda agent=agent: agent.update(batch)
+            )
+    stacked = EnsembleMLP(10, 256 + ACTION_DIM, (512,) * 4, 1)
+    loop = nn.ModuleList(mlp(256 + ACTION_DIM, (512,) * 4, 1) for _ in range(10))
+    variants["critic step, stacked ensemble"] = critic_step(stacked, stacked)
+    variants["critic step, per-head loop"] = critic_step(loop, lambda x: torch.stack([head(x) for head in loop]))
+
+    for fn in variants.values():  # warm-up (and compilation)
+        for _ in range(3):
+            fn()
+    load_before = os.getloadavg()[0]
+    rounds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, fn in variants.items():
+            rounds[name].append(rate(fn, args.steps))
+    load_after = os.getloadavg()[0]
+
+    best = {name: max(r) for name, r in rounds.items()}
+    print(f"threads {torch.get_num_threads()}, load average {load_before:.2f} -> {load_after:.2f}")
+    print(f"{'variant':44s} {'best/s':>8s} {'median/s':>9s}")
+    for name, r in rounds.items():
+        print(f"{name:44s} {max(r):8.2f} {statistics.median(r):9.2f}")
+    two_head = best["SORLAgent.update, 2 heads"]
+    stacked_speedup = best["critic step, stacked ensemble"] / best["critic step, per-head loop"]
+    print(f"2-head updates/s vs SORL JAX anchor {SORL_JAX_ANCHOR}: {two_head / SORL_JAX_ANCHOR:.2f}x")
+    print(f"stacked ensemble vs per-head loop (same run): {stacked_speedup:.2f}x")
+
+    results = {
+        "updates_per_s": best["SORLAgent.update, 10 heads"],
+        "updates_per_s_2head": two_head,
+        "updates_per_s_median": statistics.median(rounds["SORLAgent.update, 10 heads"]),
+        "updates_per_s_2head_median": statistics.median(rounds["SORLAgent.update, 2 heads"]),
+        "ratio_2head_vs_sorl_jax_anchor": two_head / SORL_JAX_ANCHOR,
+        "stacked_vs_loop_critic_step": stacked_speedup,
+        "rounds": rounds,
+        "load_average": [load_before, load_after],
+        "threads": torch.get_num_threads(),
+        "batch_size": BATCH,
+    }
+    if args.compile:
+        results["updates_per_s_compiled"] = best["SORLAgent.update, 10 heads, compiled"]
+        results["updates_per_s_2head_compiled"] = best["SORLAgent.update, 2 heads, compiled"]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

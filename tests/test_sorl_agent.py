@@ -1,0 +1,140 @@
+"""SORLAgent: updates that learn on a synthetic batch, acting, chunks, images, checkpoints."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from robo_rl.agents.sorl import SORLAgent, SORLConfig
+from robo_rl.nets.encoders import EncoderConfig
+
+LIFT_SHAPES = {"object": (10,), "robot0_eef_pos": (3,), "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,)}
+ACTION_DIM = 7
+
+
+def small_config(**overrides) -> SORLConfig:
+    encoder = EncoderConfig(latent_dim=32, hidden_dims=(64,), cnn_channels=8, image_feature_dim=16)
+    defaults = dict(actor_hidden_dims=(64, 64), critic_hidden_dims=(64, 64), num_critics=4, lr=3e-3)
+    return SORLConfig(encoder=encoder, **(defaults | overrides))
+
+
+def synthetic_batch(shapes: dict, batch_size: int = 64, action_shape: tuple = (ACTION_DIM,)) -> dict:
+    """Actions and rewards are fixed functions of the observation, so both are learnable."""
+    def obs() -> dict[str, torch.Tensor]:
+        return {
+            k: torch.randint(0, 256, (batch_size, *s), dtype=torch.uint8) if k.endswith("_image")
+            else torch.randn(batch_size, *s)
+            for k, s in shapes.items()
+        }  # fmt: skip
+
+    current = obs()
+    action = torch.tanh(current["object"][:, : math.prod(action_shape)])
+    return {
+        "obs": current,
+        "action": action.reshape(batch_size, *action_shape),
+        "reward": (current["object"][:, 0] > 0).float(),
+        "discount": torch.where(torch.arange(batch_size) % 4 == 0, 0.0, 0.99),
+        "next_obs": obs(),
+        "offline": torch.ones(batch_size, dtype=torch.bool),
+    }
+
+
+def test_update_decreases_losses_and_act_returns_actions_in_bounds():
+    torch.manual_seed(0)
+    agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config())
+    batch = synthetic_batch(LIFT_SHAPES)
+    error_before = (agent.act(batch["obs"]) - batch["action"]).square().mean()
+    history = [agent.update(batch) for _ in range(100)]
+    assert set(history[0]) >= {"critic_loss", "fm_loss", "sc_loss", "q_loss", "actor_loss", "q", "td_target"}
+    assert all(torch.isfinite(torch.tensor(list(h.values()))).all() for h in history)
+
+    def mean(key: str, steps: list[dict]) -> float:
+        return sum(h[key] for h in steps) / len(steps)
+
+    assert mean("critic_loss", history[-10:]) < 0.5 * mean("critic_loss", history[:10])
+    assert mean("fm_loss", history[-10:]) < 0.5 * mean("fm_loss", history[:10])
+
+    actions = agent.act(batch["obs"])
+    assert actions.shape == (64, ACTION_DIM)
+    assert actions.abs().max() <= 1.0
+    assert (actions - batch["action"]).square().mean() < 0.5 * error_before  # imitates the data
+    assert agent.act(batch["obs"], steps=1, best_of_n=4).shape == (64, ACTION_DIM)
+    assert agent.training  # act() restores the mode it found
+
+
+def test_targets_follow_online_networks_slowly():
+    torch.manual_seed(0)
+    agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config(tau=0.1))
+    batch = synthetic_batch(LIFT_SHAPES)
+    before = agent.target_policy.net[0].weight.clone()
+    agent.update(batch)
+    online, target = agent.policy.net[0].weight, agent.target_policy.net[0].weight
+    assert not torch.equal(target, before)
+    torch.testing.assert_close(target, 0.9 * before + 0.1 * online.detach())
+
+
+def test_bc_only_when_q_weight_is_zero():
+    agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config(q_weight=0.0))
+    info = agent.update(synthetic_batch(LIFT_SHAPES))
+    assert "q_loss" not in info
+    assert info["actor_loss"] == pytest.approx(10 * info["fm_loss"] + 10 * info["sc_loss"], rel=1e-5)
+
+
+def test_action_chunks_and_image_obs():
+    torch.manual_seed(0)
+    shapes = {"agentview_image": (3, 48, 48), "object": (10,), "task_id": ()}
+    agent = SORLAgent(shapes, 2, num_tasks=3, config=small_config(action_horizon=3))
+    batch = synthetic_batch(shapes, batch_size=8, action_shape=(3, 2))
+    batch["obs"]["task_id"] = batch["next_obs"]["task_id"] = torch.randint(0, 3, (8,))
+    info = agent.update(batch)
+    assert torch.isfinite(torch.tensor(list(info.values()))).all()
+    assert agent.act(batch["obs"]).shape == (8, 3, 2)
+    z = agent.encode(batch["obs"])
+    assert agent.pi(z).shape == (8, 6) and agent.q(z, agent.pi(z)).shape == (8,)
+    with pytest.raises(ValueError, match="expected"):
+        agent.update(dict(batch, action=torch.zeros(8, 5)))
+
+
+def test_state_dict_round_trip_keeps_normalization_and_behaviour():
+    torch.manual_seed(0)
+    agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config())
+    agent.set_normalization({"object": (torch.ones(10), torch.full((10,), 3.0))})
+    torch.testing.assert_close(agent.target_encoder.low_dim_std, agent.encoder.low_dim_std)
+    batch = synthetic_batch(LIFT_SHAPES)
+    agent.update(batch)
+
+    restored = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config())
+    restored.load_state_dict(agent.state_dict())
+    noise = torch.randn(64, ACTION_DIM)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            restored.policy.sample(restored.encode(batch["obs"]), 4, noise),
+            agent.policy.sample(agent.encode(batch["obs"]), 4, noise),
+        )
+
+
+def test_gradient_routing_of_the_actor_terms():
+    """The SC and Q terms train only the policy: no gradient reaches the encoder or the critic."""
+    torch.manual_seed(0)
+    agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config(fm_weight=0.0))
+    batch = synthetic_batch(LIFT_SHAPES)
+    z = agent.encode(batch["obs"])
+    loss, info = agent.actor_loss(z, batch["action"])
+    assert "q_loss" in info
+    loss.backward()
+    assert all(has_gradient(p) for p in agent.policy.parameters())
+    assert not any(has_gradient(p) for p in agent.encoder.parameters())  # fm_weight 0: only zeros arrive
+    assert not any(has_gradient(p) for p in agent.critic.parameters())
+
+    agent.optimizer.zero_grad(set_to_none=True)
+    z = agent.encode(batch["obs"])
+    critic_loss, _ = agent.critic_loss(z, batch["action"], batch["reward"], batch["discount"], z.detach())
+    critic_loss.backward()  # the critic loss trains the critic and the encoder, never the policy
+    assert not any(has_gradient(p) for p in agent.policy.parameters())
+    assert all(has_gradient(p) for p in agent.critic.net.parameters())
+    assert any(has_gradient(p) for p in agent.encoder.parameters())
+
+
+def has_gradient(param: torch.Tensor) -> bool:
+    return param.grad is not None and bool(param.grad.any())
