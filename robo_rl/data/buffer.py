@@ -310,8 +310,11 @@ class ReplayBuffer:
         """
         if horizon < 1:
             raise ValueError(f"horizon={horizon} must be >= 1")
+        if not self.can_sample_sequences(horizon):
+            raise RuntimeError(f"no sub-trajectory of {horizon} steps to sample yet: the buffer is empty or its "
+                               "online episodes are shorter (check can_sample_sequences first)")
         windows = []
-        for part, n, stream_len in self._plan(batch_size):
+        for part, n, stream_len in self._plan(batch_size, use_online=self._online_has_window(horizon)):
             windows.append((part, _window_slots(self._starts(part, n, horizon), horizon, stream_len)))
         B, H = batch_size, horizon
         steps = [(p, w[:, :H].reshape(-1)) for p, w in windows]
@@ -323,9 +326,22 @@ class ReplayBuffer:
             "terminal": self._take([(p.terminal, i) for p, i in steps], (B, H)),
         }
 
-    def _plan(self, batch_size: int) -> list[tuple[_Slots, int, int]]:
+    def can_sample_sequences(self, horizon: int) -> bool:
+        """Whether `sample_sequences(_, horizon)` has anything to draw from."""
+        return self.num_offline > 0 or self._online_has_window(horizon)
+
+    def _online_has_window(self, horizon: int) -> bool:
+        """Whether the ring still holds `horizon` consecutive steps of some online episode (finished or
+        running). Early in online training none does, and sequences then come from the offline part."""
+        oldest = self._pos - self.stream_len  # pos of the oldest slot each stream still holds
+        running = self._pos - np.maximum(self._episode_start, oldest) - 1
+        if (running[~self._needs_first_obs] >= horizon).any():
+            return True
+        return any(start + steps - max(start, oldest[e]) >= horizon for e, start, steps in self._finished)
+
+    def _plan(self, batch_size: int, use_online: bool = True) -> list[tuple[_Slots, int, int]]:
         """(part, samples from it, stream length) for each part that contributes to a batch."""
-        n_off, n_on = self.num_offline, self.num_online
+        n_off, n_on = self.num_offline, self.num_online if use_online else 0
         if n_off == 0 and n_on == 0:
             raise RuntimeError("the replay buffer is empty: add_offline() demos or add() env steps first")
         if n_on == 0:
@@ -427,6 +443,7 @@ class ReplayBuffer:
     def save(self, path: str | os.PathLike) -> None:
         """Write the whole buffer (data, write heads, RNG) to one HDF5 file, atomically."""
         path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
         written = int(np.minimum(self._pos, self.stream_len).max())  # online slots in use per stream
         try:

@@ -266,6 +266,7 @@ def write_robomimic(
     obs_keys = sorted(episodes[0].obs.keys() - {"task_id"})
     for name, episode in zip(names, episodes):
         _validate_episode(path, name, episode, obs_keys)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with h5py.File(tmp, "w") as f:
