@@ -99,6 +99,10 @@ class RobosuiteEnv:
     def sim_state(self) -> np.ndarray:
         return self.env.sim.get_state().flatten()
 
+    def model_xml(self) -> str:
+        """The compiled scene as MJCF (robomimic's `model_file` attribute)."""
+        return self.env.sim.model.get_xml()
+
     def render(self, camera: str = "agentview", size: int | None = None) -> np.ndarray:
         """Upright RGB frame [H, W, 3] uint8 for videos."""
         size = size or self.spec.render_size or 128

@@ -1,0 +1,112 @@
+"""A whole run: demos -> offline pretraining -> (online fine-tuning with QWM search) -> evaluation.
+
+`scripts/train_qwm.py` runs both phases, `scripts/pretrain_offline.py` only the first. Everything a
+run produces lives in its run directory: metrics.jsonl, checkpoints/ (+ the replay buffer once
+online), eval.json, videos/. `resume=true` picks up from the newest checkpoint there.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from robo_rl.data.buffer import ReplayBuffer
+from robo_rl.envs import env_spec, make_vec_env
+from robo_rl.train.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from robo_rl.train.common import (
+    build_agent, build_buffer, evaluate_agent, make_actor, offline_episodes,
+    restore_training_state, step_shapes, training_state, write_json,
+)
+from robo_rl.train.offline import pretrain
+from robo_rl.train.online import finetune
+from robo_rl.utils.logging import RunLogger
+from robo_rl.utils.seeding import seed_everything
+
+
+def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
+    """Train as configured; returns (and writes to run_dir/eval.json) the final evaluation."""
+    t_start = time.time()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.seed)
+    spec = env_spec(cfg, render=True)
+    found = latest_checkpoint(run_dir) if cfg.resume else None
+    state = load_checkpoint(found, cfg.device) if found else None
+    if cfg.resume:
+        print(f"[run] resuming from {found}" if found else f"[run] resume=true but no checkpoint in {run_dir}: "
+              "starting fresh")
+
+    episodes = offline_episodes(cfg, spec)
+    if not online and not episodes:
+        raise ValueError(f"offline pretraining on {cfg.task.name} needs demonstrations: pass dataset=PATH")
+    env = make_vec_env(cfg) if online else None
+    try:
+        first = episodes[0].obs if episodes else env.reset(seed=cfg.seed)
+        shapes = {k: s for k, s in step_shapes(first).items() if k in spec.low_dim_keys + spec.rgb_keys}
+        shapes["task_id"] = ()
+        num_tasks = max(spec.task_ids) + 1
+        agent = build_agent(cfg, shapes, num_tasks)
+        buffer = build_buffer(cfg, shapes, episodes)
+        if buffer.num_offline:
+            agent.set_normalization(buffer.obs_stats())
+        offline_step, env_steps = 0, 0
+        if state is not None:
+            restore_training_state(agent, state)
+            offline_step, env_steps = state["offline_step"], state["env_steps"]
+            if state["phase"] == "online":
+                buffer = ReplayBuffer.load(checkpoint_dir(run_dir) / "buffer.h5", device=buffer.device)
+
+        logger = RunLogger(run_dir, cfg, name=f"{cfg.task.name}-{run_dir.name}")
+
+        def checkpoint(phase: str):
+            def save(step: int) -> None:
+                nonlocal offline_step, env_steps
+                if phase == "offline":
+                    offline_step = step
+                else:
+                    env_steps = step
+                    buffer.save(checkpoint_dir(run_dir) / "buffer.h5")  # before the checkpoint that needs it
+                save_checkpoint(run_dir, offline_step + env_steps, training_state(
+                    cfg, agent, shapes, num_tasks, phase=phase, offline_step=offline_step, env_steps=env_steps))
+            return save
+
+        if buffer.num_offline and offline_step < cfg.budget.offline_steps and env_steps == 0:
+            pretrain(cfg, agent, buffer, offline_step, logger, checkpoint("offline"))
+
+        result: dict = {}
+        search = cfg.planner.name != "none"
+        evaluate = lambda tag, with_search, episodes, videos: evaluate_agent(  # noqa: E731
+            cfg, agent, run_dir, tag, with_search, episodes, videos)
+        if online:
+            offline_eval_path = run_dir / "offline_eval.json"
+            if buffer.num_offline and not offline_eval_path.exists():
+                offline = evaluate("offline", False, cfg.budget.eval_episodes, 0)
+                write_json(offline_eval_path, offline)
+                logger.log({"eval/offline_success_rate": offline["success_rate"]}, offline_step)
+            actor = make_actor(cfg, agent, search, param_noise_std=cfg.param_noise_std if cfg.explore == "param_noise"
+                               else 0.0, num_groups=min(2, env.num_envs))
+            periodic = lambda steps: {  # noqa: E731
+                "success_rate": evaluate(f"step{steps}", search, cfg.budget.eval_episodes, 0)["success_rate"]}
+            finetune(cfg, agent, buffer, env, actor, env_steps, logger, checkpoint("online"), periodic)
+            if offline_eval_path.exists():
+                import json
+
+                result["offline_success_rate"] = json.loads(offline_eval_path.read_text())["success_rate"]
+    finally:
+        if env is not None:
+            env.close()
+
+    final = evaluate("final" if search else "final_no_search", search, cfg.budget.eval_episodes, 2)
+    if search:
+        result["success_rate_no_search"] = evaluate("final_no_search", False, cfg.budget.eval_episodes, 0)[
+            "success_rate"]
+    result = {**final, **result, "task": cfg.task.name, "planner": cfg.planner.name,
+              "offline_steps": cfg.budget.offline_steps, "online_env_steps": cfg.budget.online_steps if online else 0,
+              "num_online_transitions": buffer.num_online, "train_wall_s": time.time() - t_start}
+    write_json(run_dir / "eval.json", result)
+    logger.log({"eval/success_rate": result["success_rate"]}, offline_step + env_steps)
+    logger.close()
+    print(f"[run] {cfg.task.name}: success {result['success_rate']:.2f}"
+          + (f" (no search {result['success_rate_no_search']:.2f})" if search else "") + f" -> {run_dir}/eval.json")
+    return result

@@ -1,0 +1,19 @@
+"""Offline pretraining only: `python scripts/pretrain_offline.py task=lift dataset=PATH`.
+
+Without dataset=PATH a task with a scripted expert pretrains on generated demos. The run
+directory holds eval.json (policy without search), checkpoints and videos.
+"""
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+@hydra.main(config_path="../conf", config_name="pretrain_offline", version_base=None)
+def main(cfg: DictConfig) -> None:
+    from robo_rl.train.run import run
+
+    run(cfg, HydraConfig.get().runtime.output_dir, online=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Train on a task: demos -> offline pretraining -> online fine-tuning with QWM search -> evaluation.
+
+    python scripts/train_qwm.py                       # task=lift, state obs, CPU budget (~10-15 min)
+    python scripts/train_qwm.py task=libero_10        # LIBERO-10, image obs, multi-task
+    python scripts/train_qwm.py budget=smoke hydra.run.dir=DIR resume=true
+"""
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    from robo_rl.train.run import run
+
+    run(cfg, HydraConfig.get().runtime.output_dir, online=True)
+
+
+if __name__ == "__main__":
+    main()
