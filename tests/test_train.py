@@ -26,9 +26,15 @@ def train(run_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.Comp
     return proc
 
 
-def test_lift_smoke_run_produces_checkpoint_eval_and_video(tmp_path):
-    run_dir = tmp_path / "lift"
+@pytest.fixture(scope="module")
+def lift_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("train") / "lift"
     train(run_dir, "task=lift")
+    return run_dir
+
+
+def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
+    run_dir = lift_run
     result = json.loads((run_dir / "eval.json").read_text())
     for key in ("success_rate", "success_rate_no_search", "offline_success_rate", "episodes"):
         assert key in result
@@ -40,6 +46,31 @@ def test_lift_smoke_run_produces_checkpoint_eval_and_video(tmp_path):
     assert buffer.num_online == result["online_env_steps"] == 60
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("online/critic_loss" in l for l in lines) and any("offline/fm_loss" in l for l in lines)
+
+
+def test_checkpoint_rebuilds_the_trained_agent(lift_run):
+    from omegaconf import OmegaConf
+
+    from robo_rl.train.checkpoint import actor_from_checkpoint, load_checkpoint
+
+    state = load_checkpoint(lift_run)
+    cfg = OmegaConf.create(state["config"])
+    actor = actor_from_checkpoint(state, cfg)
+    rebuilt = actor.agent.state_dict()
+    assert rebuilt.keys() == state["agent"].keys()
+    assert all(torch.equal(rebuilt[k], state["agent"][k]) for k in rebuilt)
+    assert actor.planner is not None  # trained with planner=qwm: the actor searches
+
+
+def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):
+    for planner in ("none", "qwm"):
+        out_dir = tmp_path / planner
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"checkpoint={lift_run}",
+                        f"planner={planner}", "episodes=2", "videos=0", "agent.sample_steps=2", "agent.best_of_n=4",
+                        f"hydra.run.dir={out_dir}"], check=True, capture_output=True, timeout=600, cwd=ROOT)
+        result = json.loads((out_dir / "eval.json").read_text())
+        assert result["planner"] == planner and result["num_episodes"] == 2
+        assert result["policy"] == str(lift_run)
 
 
 def test_resume_after_kill_continues_from_last_checkpoint(tmp_path):

@@ -46,3 +46,17 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
                                 f"with checkpoints/step_*.pt)")
     # weights_only=False: checkpoints hold optimizer state, RNG states and the config (our own files)
     return torch.load(found, map_location=device, weights_only=False)
+
+
+def actor_from_checkpoint(state: dict, cfg):
+    """Rebuild the trained agent of a checkpoint and wrap it for acting as `cfg` says (planner,
+    agent.sample_steps, agent.best_of_n); the architecture comes from the checkpoint's own config."""
+    from omegaconf import OmegaConf
+
+    from robo_rl.agents.sorl import SORLAgent
+    from robo_rl.train.common import ACTION_DIM, agent_config, make_actor
+
+    trained = OmegaConf.create(state["config"])
+    agent = SORLAgent(state["obs_shapes"], ACTION_DIM, state["num_tasks"], agent_config(trained.agent), cfg.device)
+    agent.load_state_dict(state["agent"])
+    return make_actor(cfg, agent, search=cfg.planner.name != "none")
