@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from robo_rl.envs.base import SimEnv
 from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
 from robo_rl.utils.rendering import configure_mujoco_gl
 
@@ -42,7 +43,7 @@ def _quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
     return (quat_xyzw[:3] * 2.0 * np.arccos(w) / den).astype(np.float32)
 
 
-class LiberoEnv:
+class LiberoEnv(SimEnv):
     """Gym-like single env. `step` returns (obs, reward, terminated, truncated, success)."""
 
     def __init__(self, spec: EnvSpec, env_index: int = 0):
@@ -105,22 +106,5 @@ class LiberoEnv:
         self._t = 0
         return self._obs(raw)
 
-    def step(self, action: np.ndarray):
-        raw, reward, _, _ = self.env.step(np.clip(action, -1.0, 1.0))
-        self._t += 1
-        success = bool(self.env.check_success())
-        terminated = success and self.spec.terminate_on_success
-        truncated = self._t >= self.spec.horizon and not terminated
-        return self._obs(raw), float(reward), terminated, truncated, success
-
-    def sim_state(self) -> np.ndarray:
-        return self.env.get_sim_state()
-
-    def render(self, camera: str = "agentview", size: int | None = None) -> np.ndarray:
-        size = size or self.spec.render_size or self.spec.image_size
-        frame = self.env.sim.render(camera_name=camera, width=size, height=size)
-        return np.ascontiguousarray(frame[::-1])
-
-    def close(self) -> None:
-        if self.env is not None:
-            self.env.close()
+    def _success(self) -> bool:
+        return bool(self.env.check_success())

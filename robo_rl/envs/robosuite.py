@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from robo_rl.envs.base import SimEnv
 from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
 from robo_rl.utils.rendering import configure_mujoco_gl
 
@@ -50,7 +51,7 @@ def robosuite_env_kwargs(spec: EnvSpec) -> dict:
     return kwargs
 
 
-class RobosuiteEnv:
+class RobosuiteEnv(SimEnv):
     """Gym-like single env. `step` returns (obs, reward, terminated, truncated, success)."""
 
     def __init__(self, spec: EnvSpec, env_index: int = 0):
@@ -88,26 +89,9 @@ class RobosuiteEnv:
         self.env.sim.forward()
         return self.env._get_observations(force_update=True)
 
-    def step(self, action: np.ndarray):
-        raw, reward, _, _ = self.env.step(np.clip(action, -1.0, 1.0))
-        self._t += 1
-        success = bool(self.env._check_success())
-        terminated = success and self.spec.terminate_on_success
-        truncated = self._t >= self.spec.horizon and not terminated
-        return self._obs(raw), float(reward), terminated, truncated, success
-
-    def sim_state(self) -> np.ndarray:
-        return self.env.sim.get_state().flatten()
+    def _success(self) -> bool:
+        return bool(self.env._check_success())
 
     def model_xml(self) -> str:
         """The compiled scene as MJCF (robomimic's `model_file` attribute)."""
         return self.env.sim.model.get_xml()
-
-    def render(self, camera: str = "agentview", size: int | None = None) -> np.ndarray:
-        """Upright RGB frame [H, W, 3] uint8 for videos."""
-        size = size or self.spec.render_size or 128
-        frame = self.env.sim.render(camera_name=camera, width=size, height=size)
-        return np.ascontiguousarray(frame[::-1])
-
-    def close(self) -> None:
-        self.env.close()
