@@ -6,6 +6,7 @@ online), eval.json, videos/. `resume=true` picks up from the newest checkpoint t
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -76,31 +77,29 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
 
         result: dict = {}
         search = cfg.planner.name != "none"
-        evaluate = lambda tag, with_search, episodes, videos: evaluate_agent(  # noqa: E731
-            cfg, agent, run_dir, tag, with_search, episodes, videos)
+
+        def evaluate(tag: str, with_search: bool, videos: int = 0) -> dict:
+            return evaluate_agent(cfg, agent, run_dir, tag, with_search, cfg.budget.eval_episodes, videos)
+
         if online:
+            # The offline start, evaluated once (a resumed run reads it back): what fine-tuning must beat.
             offline_eval_path = run_dir / "offline_eval.json"
             if buffer.num_offline and not offline_eval_path.exists():
-                offline = evaluate("offline", False, cfg.budget.eval_episodes, 0)
-                write_json(offline_eval_path, offline)
-                logger.log({"eval/offline_success_rate": offline["success_rate"]}, offline_step)
-            actor = make_actor(cfg, agent, search, param_noise_std=cfg.param_noise_std if cfg.explore == "param_noise"
-                               else 0.0, num_groups=min(2, env.num_envs))
-            periodic = lambda steps: {  # noqa: E731
-                "success_rate": evaluate(f"step{steps}", search, cfg.budget.eval_episodes, 0)["success_rate"]}
-            finetune(cfg, agent, buffer, env, actor, env_steps, logger, checkpoint("online"), periodic)
+                write_json(offline_eval_path, evaluate("offline", False))
             if offline_eval_path.exists():
-                import json
-
                 result["offline_success_rate"] = json.loads(offline_eval_path.read_text())["success_rate"]
+                logger.log({"eval/offline_success_rate": result["offline_success_rate"]}, offline_step)
+            noise = cfg.param_noise_std if cfg.explore == "param_noise" else 0.0
+            actor = make_actor(cfg, agent, search, param_noise_std=noise, num_groups=min(2, env.num_envs))
+            finetune(cfg, agent, buffer, env, actor, env_steps, logger, checkpoint("online"),
+                     periodic_eval=lambda steps: {"success_rate": evaluate(f"step{steps}", search)["success_rate"]})
     finally:
         if env is not None:
             env.close()
 
-    final = evaluate("final" if search else "final_no_search", search, cfg.budget.eval_episodes, 2)
+    final = evaluate("final" if search else "final_no_search", search, videos=2)
     if search:
-        result["success_rate_no_search"] = evaluate("final_no_search", False, cfg.budget.eval_episodes, 0)[
-            "success_rate"]
+        result["success_rate_no_search"] = evaluate("final_no_search", False)["success_rate"]
     result = {**final, **result, "task": cfg.task.name, "planner": cfg.planner.name,
               "offline_steps": cfg.budget.offline_steps, "online_env_steps": cfg.budget.online_steps if online else 0,
               "num_online_transitions": buffer.num_online, "train_wall_s": time.time() - t_start}

@@ -1,0 +1,45 @@
+"""Acting with an agent: policy only, through QWM search, and with per-group parameter noise."""
+import torch
+
+from robo_rl.agents.sorl import SORLAgent, SORLConfig
+from robo_rl.agents.world_model import WorldModelConfig
+from robo_rl.nets.encoders import EncoderConfig
+from robo_rl.planning.actor import AgentActor
+from robo_rl.planning.qwm import QWMConfig, QWMPlanner
+
+SHAPES = {"state": (5,), "task_id": ()}
+
+
+def small_agent() -> SORLAgent:
+    torch.manual_seed(0)
+    cfg = SORLConfig(encoder=EncoderConfig(latent_dim=16, hidden_dims=(32,)), actor_hidden_dims=(32, 32),
+                     critic_hidden_dims=(32, 32), num_critics=2,
+                     world_model=WorldModelConfig(num_heads=4, hidden_dim=32, num_layers=2))
+    return SORLAgent(SHAPES, 3, 1, cfg)
+
+
+def obs(batch: int) -> dict:
+    return {"state": torch.randn(batch, 5), "task_id": torch.zeros(batch, dtype=torch.int64)}
+
+
+def test_search_actor_picks_one_of_the_policy_candidates():
+    agent = small_agent()
+    actor = AgentActor(agent, QWMPlanner(QWMConfig(num_actions=4, num_samples=4, depth=2, leaf_actions=2)))
+    actions = actor.act(obs(6))
+    assert actions.shape == (6, 3) and actions.abs().max() <= 1.0
+    assert actions.device.type == "cpu"
+
+
+def test_param_noise_perturbs_each_group_and_resamples_independently():
+    agent = small_agent()
+    actor = AgentActor(agent, param_noise_std=0.1, num_groups=2, seed=1)
+    base = torch.nn.utils.parameters_to_vector(agent.policy.parameters())
+    noisy = [torch.nn.utils.parameters_to_vector(p.parameters()) for p in actor._noisy_policies]
+    for vector in noisy:  # θ_g - θ ~ N(0, σ²)
+        assert abs((vector - base).std().item() - 0.1) < 0.01
+    assert not torch.allclose(noisy[0], noisy[1])
+    actor.resample_noise([1])
+    after = [torch.nn.utils.parameters_to_vector(p.parameters()) for p in actor._noisy_policies]
+    assert torch.equal(after[0], noisy[0]) and not torch.equal(after[1], noisy[1])
+    actions = actor.act(obs(4))  # rows 0, 2 act with group 0's copy, rows 1, 3 with group 1's
+    assert actions.shape == (4, 3) and actions.abs().max() <= 1.0
