@@ -10,7 +10,7 @@ Nets of realistic size with random weights (latency does not depend on the weigh
   policy_only_ms   one policy sample per env: the cost of acting without search
   loop_ms          plan_reference (a Python loop over envs, candidates and nodes) at the defaults
   speedup_vs_loop  loop_ms / search_ms
-  search_ms_bf16   extra: the defaults with the nets cast to bfloat16 (AMX matmuls on this CPU)
+  search_ms_bf16   extra: the defaults with planner.precision=bf16 (bfloat16 autocast; AMX matmuls on this CPU)
   search_ms_k1     extra: the defaults with a one-step sampler (QWMConfig.policy_steps = 1; a
                    shortcut policy can sample in one step), i.e. a plain 4x512 MLP per sample
 
@@ -123,9 +123,8 @@ def main() -> None:
         results["loop_ms"], loop_median = latency_ms(
             lambda: plan_reference(defaults, z, policy, critic, model.next, reward=model.reward), 1, 1
         )
-        bf16 = tuple(copy.deepcopy(net).to(torch.bfloat16) for net in (policy, critic, model))
         results["search_ms_bf16"], bf16_median = latency_ms(
-            search(defaults, bf16, z.to(torch.bfloat16)), args.rounds, 3
+            search(dataclasses.replace(defaults, precision="bf16")), args.rounds, 3
         )
         one_step = copy.deepcopy(policy)
         one_step.steps = 1
@@ -153,7 +152,7 @@ def main() -> None:
         "search_ms_d4": f"D=4, {nodes['d4']} per env",
         "policy_only_ms": "one flow sample per env, no search",
         "loop_ms": "plan_reference, per-node Python loop",
-        "search_ms_bf16": "defaults, nets in bfloat16",
+        "search_ms_bf16": "defaults, planner.precision=bf16 (autocast)",
         "search_ms_k1": "defaults, one-step policy sampler",
     }
     for key, note in notes.items():

@@ -135,3 +135,25 @@ def test_planner_runs_on_the_world_model_and_names_bad_inputs():
         QWMConfig(beam=9, num_samples=8)
     with pytest.raises(ValueError, match="selection"):
         QWMConfig(selection="max")
+
+
+def test_bf16_search_scores_track_fp32():
+    torch.manual_seed(0)
+    cfg = QWMConfig(num_actions=4, num_samples=3, depth=2, leaf_actions=3)
+    pi = InputSeededPolicy()
+    critic = nn.Sequential(nn.Linear(LATENT + ACTION, 32), nn.Tanh(), nn.Linear(32, 1))
+    model = LatentWorldModel(LATENT, ACTION, num_heads=cfg.num_samples, hidden_dim=32)
+
+    def q(z, a):
+        return critic(torch.cat([z, a], -1)).squeeze(-1)
+
+    def every_head(z, a, num_samples):
+        return rearrange(model.dynamics(z, a), "e m z -> m e z")
+
+    z = torch.randn(5, LATENT)
+    with torch.no_grad():
+        _, full = QWMPlanner(cfg).plan(z, pi, q, every_head)
+        action, half = QWMPlanner(QWMConfig(**{**cfg.__dict__, "precision": "bf16"})).plan(z, pi, q, every_head)
+    assert action.dtype == torch.float32
+    assert not torch.equal(half["scores"], full["scores"])  # the matmuls really ran in bfloat16 ...
+    torch.testing.assert_close(half["scores"], full["scores"], atol=0.05, rtol=0.05)  # ... and stay close

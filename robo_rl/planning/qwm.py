@@ -66,6 +66,7 @@ class QWMConfig:
     selection: str = "argmax"  # "argmax" | "softmax"
     temperature: float = 1.0  # softmax temperature, in units of Q
     policy_steps: int = 4  # Euler steps of the SORL sampler; the agent reads it when it builds `pi`
+    precision: str = "fp32"  # "bf16": run the search's matmuls under bfloat16 autocast (AMX CPUs, GPUs)
 
     def __post_init__(self):
         for name in ("num_actions", "num_samples", "beam", "leaf_actions", "policy_steps"):
@@ -81,6 +82,8 @@ class QWMConfig:
                              f"got lam={self.lam}, root_weight={self.root_weight}")
         if self.selection not in ("argmax", "softmax"):
             raise ValueError(f'QWMConfig.selection must be "argmax" or "softmax", got {self.selection!r}')
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f'QWMConfig.precision must be "fp32" or "bf16", got {self.precision!r}')
         if self.temperature <= 0:
             raise ValueError(f"QWMConfig.temperature must be > 0, got {self.temperature}")
 
@@ -111,6 +114,12 @@ class QWMPlanner:
         cfg = self.cfg
         if z.dim() != 2:
             raise ValueError(f"z must be a batch of latents [B, Z], got shape {tuple(z.shape)}")
+        with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            actions, info = self._search(z, pi, q, next, reward, terminal, generator)
+        return actions.float(), info
+
+    def _search(self, z, pi, q, next, reward, terminal, generator) -> tuple[Tensor, dict[str, Tensor]]:
+        cfg = self.cfg
         B = z.shape[0]
         z0 = repeat(z, "b z -> (b n) z", n=cfg.num_actions)  # one row per root action
         a0 = _policy(pi, z0)
