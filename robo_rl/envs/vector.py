@@ -38,6 +38,15 @@ class StepResult:
         return self.terminated | self.truncated
 
 
+def per_env_seeds(env_ids: list[int], seed) -> list[int | None]:
+    """seed: an int (env i gets `seed + i`), one seed (or None) per entry of env_ids, or None."""
+    if seed is None or isinstance(seed, (int, np.integer)):
+        return [None if seed is None else int(seed) + i for i in env_ids]
+    if len(seed) != len(env_ids):
+        raise ValueError(f"got {len(seed)} seeds for {len(env_ids)} envs")
+    return list(seed)
+
+
 def make_single_env(spec: EnvSpec, index: int = 0):
     if spec.suite == "robosuite":
         from robo_rl.envs.robosuite import RobosuiteEnv
@@ -238,11 +247,7 @@ class VecEnv:
         seed: int (env i gets `seed + i`), a list with one seed (or None) per entry of env_ids, or None.
         """
         opts = options or [None] * len(env_ids)
-        if seed is None or isinstance(seed, int):
-            seeds = [None if seed is None else seed + i for i in env_ids]
-        else:
-            seeds = list(seed)
-        args = dict(zip(env_ids, zip(seeds, opts)))
+        args = dict(zip(env_ids, zip(per_env_seeds(env_ids, seed), opts)))
         results = self._gather(env_ids, "reset", lambda i: args[i], self.reset_timeout)
         if not self._obs:
             self._obs = [None] * self.num_envs

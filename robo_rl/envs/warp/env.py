@@ -19,7 +19,7 @@ import torch
 import warp as wp
 
 from robo_rl.envs.spec import EnvSpec, camera_of
-from robo_rl.envs.vector import Obs, StepResult
+from robo_rl.envs.vector import Obs, StepResult, per_env_seeds
 from robo_rl.envs.warp import osc
 from robo_rl.envs.warp.render import BatchCameraRenderer, FrameRenderer
 from robo_rl.envs.warp.scene import NULLSPACE_KP, RobotConstants, configure_warp, make_robosuite_env, robot_constants
@@ -122,12 +122,13 @@ class WarpVecEnv:
         """Reset all envs; env i gets seed `seed + i` and `options[i]`."""
         return self.reset_envs(list(range(self.num_envs)), seed, options)
 
-    def reset_envs(self, env_ids: list[int], seed: int | None = None, options: list[dict] | None = None) -> Obs:
-        """Reset `env_ids` (env_ids[j] gets seed `seed + env_ids[j]`, `options[j]`, e.g. {"state": flat}); all obs."""
+    def reset_envs(self, env_ids: list[int], seed=None, options: list[dict] | None = None) -> Obs:
+        """Reset `env_ids` (seed: int -> env i gets `seed + i`, or one seed per entry; `options[j]`, e.g.
+        {"state": flat}); returns all obs."""
         env_ids = [int(i) for i in env_ids]
         if options is not None and len(options) != len(env_ids):
             raise ValueError(f"options has {len(options)} entries for {len(env_ids)} env_ids")
-        seeds = [None if seed is None else seed + i for i in env_ids]
+        seeds = per_env_seeds(env_ids, seed)
         with self._warp_scope():
             fresh = self._reset_worlds(env_ids, seeds, options)
         if self._obs is None:
