@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.agents.sorl import SORLAgent, SORLConfig
@@ -40,12 +41,23 @@ def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
                 e.task_id = task_id
             episodes += data.episodes
         print(f"[data] {len(episodes)} demos ({sum(e.num_steps for e in episodes)} steps) from {cfg.dataset}")
-        return episodes
+        return [_resize_images(e, spec) for e in episodes]
     if cfg.task.get("expert"):
         return scripted_demos(cfg, spec)
     print(f"[data] no demonstrations for task {cfg.task.name} (pass dataset=PATH to pretrain on a "
           f"Robomimic/LIBERO HDF5 file): starting online from scratch")
     return []
+
+
+def _resize_images(episode: Episode, spec: EnvSpec) -> Episode:
+    """Dataset cameras at another resolution than the env's (LIBERO files are 128 px) are resized
+    (area averaging) so that demos and env observations share one shape."""
+    for key in spec.rgb_keys:
+        images = episode.obs[key]  # [T+1, C, H, W] uint8
+        if images.shape[-2:] != (spec.image_size, spec.image_size):
+            resized = F.interpolate(torch.from_numpy(images).float(), size=(spec.image_size,) * 2, mode="area")
+            episode.obs[key] = resized.round().clamp(0, 255).to(torch.uint8).numpy()
+    return episode
 
 
 def _suite_instructions(spec: EnvSpec) -> list[str] | None:
