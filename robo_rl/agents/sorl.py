@@ -15,7 +15,7 @@ import copy
 from dataclasses import dataclass, field
 
 import torch
-from einops import rearrange
+from einops import rearrange, repeat
 from torch import nn
 
 from robo_rl.agents.critic import QEnsemble
@@ -47,6 +47,8 @@ class SORLConfig:
     target_agg: str = "min"  # "min" over a random subset of target_subset heads, or "mean_std"
     target_subset: int = 2
     target_beta: float = 0.0  # "mean_std": mean - beta * std
+    conservative_weight: float = 1.0  # CQL-style push-down of Q on actions the data did not take; 0 disables
+    conservative_samples: int = 4  # uniform and policy samples per state for that term
     # Optimisation (the buffer supplies n-step rewards and discounts, so gamma lives there).
     # SORL's 1e-4 reached Lift success 0.5 / 0.6 after 1k offline steps on 30 scripted demos,
     # 3e-4 reached 0.8 / 0.9 (2 seeds, 10 episodes each, budget=cpu network sizes).
@@ -198,7 +200,29 @@ class SORLAgent(nn.Module):
             td_target = reward + discount * self.critic.target_value(next_z, next_action)
         q = self.critic(z, action)  # [E, B]
         loss = (q - td_target).square().mean()
-        return loss, {"critic_loss": loss, "q": q.mean(), "td_target": td_target.mean()}
+        info = {"critic_loss": loss, "q": q.mean(), "td_target": td_target.mean()}
+        if self.config.conservative_weight:
+            gap = self.conservative_gap(z, q)
+            loss = loss + self.config.conservative_weight * gap
+            info["conservative_gap"] = gap
+        return loss, info
+
+    def conservative_gap(self, z: torch.Tensor, q_data: torch.Tensor) -> torch.Tensor:
+        """CQL(H)-style term: logsumexp of Q over uniform random actions and the data action, minus Q
+        of the data action; >= 0, and ~0 once random actions rank below the data's.
+
+        Why: a TD critic fit to demonstrations sees one action per state, so its value of other actions
+        is an extrapolation, and test-time selection (best-of-N, QWM search) picks exactly the actions
+        it overrates. Pushing down far-off (uniform) actions, and not the policy's own samples, leaves
+        the values near the data to TD while making Q fall off away from it.
+        z [B, Z], q_data [E, B] -> scalar.
+        """
+        n = self.config.conservative_samples
+        z_rep = repeat(z, "b z -> (b n) z", n=n)
+        uniform = torch.rand(z_rep.shape[0], self.policy.flat_dim, device=z.device) * 2 - 1
+        q_uniform = rearrange(self.critic(z_rep, uniform), "e (b n) -> e b n", n=n)
+        all_q = torch.cat([q_uniform, q_data[..., None]], dim=-1)  # [E, B, n + 1]
+        return (torch.logsumexp(all_q, dim=-1) - q_data).mean()
 
     def actor_loss(self, z: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Weighted flow-matching + self-consistency - normalised Q: z [B, Z], dataset action [B, h*A]."""
