@@ -47,8 +47,8 @@ class SORLConfig:
     target_agg: str = "min"  # "min" over a random subset of target_subset heads, or "mean_std"
     target_subset: int = 2
     target_beta: float = 0.0  # "mean_std": mean - beta * std
-    conservative_weight: float = 1.0  # CQL-style push-down of Q on actions the data did not take; 0 disables
-    conservative_samples: int = 4  # uniform and policy samples per state for that term
+    conservative_weight: float = 0.1  # CQL-style push-down of Q on actions the data did not take; 0 disables
+    conservative_samples: int = 4  # uniform random actions per state for that term
     # Optimisation (the buffer supplies n-step rewards and discounts, so gamma lives there).
     # SORL's 1e-4 reached Lift success 0.5 / 0.6 after 1k offline steps on 30 scripted demos,
     # 3e-4 reached 0.8 / 0.9 (2 seeds, 10 episodes each, budget=cpu network sizes).
