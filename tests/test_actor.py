@@ -43,3 +43,14 @@ def test_param_noise_perturbs_each_group_and_resamples_independently():
     assert torch.equal(after[0], noisy[0]) and not torch.equal(after[1], noisy[1])
     actions = actor.act(obs(4))  # rows 0, 2 act with group 0's copy, rows 1, 3 with group 1's
     assert actions.shape == (4, 3) and actions.abs().max() <= 1.0
+
+
+def test_pessimistic_search_scores_the_ensemble_lower_bound():
+    agent = small_agent()
+    z, a = agent.encode(obs(5)), torch.rand(5, 3) * 2 - 1
+    heads = agent.critic(z, a)  # [E, B]
+    lower = agent.q(z, a, pessimism=2.0)
+    torch.testing.assert_close(lower, heads.mean(0) - 2.0 * heads.std(0))
+    assert (lower < agent.q(z, a)).all()
+    actor = AgentActor(agent, QWMPlanner(QWMConfig(num_actions=4, num_samples=2, depth=1, leaf_actions=2, pessimism=2.0)))
+    assert actor.act(obs(3)).shape == (3, 3)

@@ -69,5 +69,7 @@ class AgentActor:
         wm = agent.world_model
         reward = wm.reward if wm.has_reward else None
         terminal = wm.terminal if wm.has_termination else None
-        actions, _ = self.planner.plan(z, pi, agent.q, wm.next, reward, terminal)
+        kappa = self.planner.cfg.pessimism
+        q = (lambda zz, aa: agent.q(zz, aa, kappa)) if kappa else agent.q  # noqa: E731
+        actions, _ = self.planner.plan(z, pi, q, wm.next, reward, terminal)
         return actions
