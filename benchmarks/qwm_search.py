@@ -1,18 +1,22 @@
 """Latency of one QWM search decision for 16 envs, against policy-only acting and the per-node loop.
 
-Nets of realistic size with random weights (latency does not depend on the weights):
-  policy  SORL-style flow sampler: velocity MLP 4x512 on [z, x_t, t], k = 4 Euler steps
-  critic  2 heads, 4x512 MLP with LayerNorm, stacked into one batched ensemble (min over heads)
+robo_rl's own nets at paper size with random weights (latency does not depend on the weights):
+  policy  ShortcutFlowPolicy, velocity MLP 4x512, k = 4 Euler steps
+  critic  QEnsemble, 2 heads of 4x512 LayerNorm MLPs as stacked weights, mean over heads
   model   LatentWorldModel: 8 dynamics heads 3x256 and a reward head; latent 128, action 7
 
-  search_ms        QWMPlanner.plan at the defaults (N = K = N_leaf = 8, D = 2, J = 1), all 16 envs
+  search_ms        QWMPlanner.plan at the defaults (N = K = N_leaf = 8, D = 2, J = 1), all 16 envs;
+                   precision "auto" = bfloat16 autocast where native (AMX CPUs, CUDA), else fp32
+                   (JSON `precision` says which ran)
   search_ms_d4     the same at D = 4
   policy_only_ms   one policy sample per env: the cost of acting without search
-  loop_ms          plan_reference (a Python loop over envs, candidates and nodes) at the defaults
-  speedup_vs_loop  loop_ms / search_ms
-  search_ms_bf16   extra: the defaults with planner.precision=bf16 (bfloat16 autocast; AMX matmuls on this CPU)
-  search_ms_k1     extra: the defaults with a one-step sampler (QWMConfig.policy_steps = 1; a
-                   shortcut policy can sample in one step), i.e. a plain 4x512 MLP per sample
+  loop_ms          plan_reference (a Python loop over envs, candidates and nodes) at the defaults, fp32
+  search_ms_fp32   the defaults in fp32
+  speedup_vs_loop  loop_ms / search_ms_fp32: batching alone, both in fp32
+  speedup_vs_loop_default  loop_ms / search_ms
+  search_ms_k1     extra: the defaults with a one-step sampler (a shortcut policy can sample in one
+                   step), i.e. one 4x512 MLP call per sample
+  search_ms_10head extra: the defaults with the agent's default 10-head critic
 
 Each latency is the best of --rounds rounds (other processes only ever slow a round down; the loop
 gets one round, it takes minutes); the median is reported beside it, with the load average seen.
@@ -25,62 +29,21 @@ than 1 here (they wait on each other). Anchor on this machine: TD-MPC2's MPPI pl
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
-import math
 import os
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
+from robo_rl.agents.critic import QEnsemble
+from robo_rl.agents.policy import ShortcutFlowPolicy
 from robo_rl.agents.world_model import LatentWorldModel
-from robo_rl.planning.qwm import QWMConfig, QWMPlanner, plan_reference
+from robo_rl.planning.qwm import QWMConfig, QWMPlanner, native_bf16, plan_reference
 
 LATENT, ACTION, HIDDEN = 128, 7, 512
-
-
-class FlowPolicy(nn.Module):
-    """Stand-in for the shortcut-flow policy at inference: k Euler steps of a 4x512 velocity MLP."""
-
-    def __init__(self, steps: int = 4):
-        super().__init__()
-        self.steps = steps
-        layers, dim = [], LATENT + ACTION + 1
-        for _ in range(4):
-            layers += [nn.Linear(dim, HIDDEN), nn.GELU()]
-            dim = HIDDEN
-        self.velocity = nn.Sequential(*layers, nn.Linear(HIDDEN, ACTION))
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        x = torch.randn(z.shape[0], ACTION, dtype=z.dtype, device=z.device)
-        for i in range(self.steps):
-            t = torch.full((z.shape[0], 1), i / self.steps, dtype=z.dtype, device=z.device)
-            x = x + self.velocity(torch.cat([z, x, t], -1)) / self.steps
-        return x.clamp(-1.0, 1.0)
-
-
-class TwinCritic(nn.Module):
-    """Stand-in for the critic: 2 heads of a 4x512 LayerNorm MLP as stacked weights, min over heads."""
-
-    def __init__(self, heads: int = 2):
-        super().__init__()
-        dims = [LATENT + ACTION] + [HIDDEN] * 4 + [1]
-        self.weights = nn.ParameterList(
-            nn.Parameter(torch.randn(heads, i, o) / math.sqrt(i)) for i, o in zip(dims[:-1], dims[1:])
-        )
-        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(heads, 1, o)) for o in dims[1:])
-
-    def forward(self, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([z, a], -1).expand(self.weights[0].shape[0], -1, -1)
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(b, x, w)
-            if i < len(self.weights) - 1:
-                x = nn.functional.gelu(nn.functional.layer_norm(x, x.shape[-1:]))
-        return x.squeeze(-1).min(0).values
 
 
 def latency_ms(fn: Callable[[], object], rounds: int, repeats: int) -> tuple[float, float]:
@@ -105,33 +68,44 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
-    policy, critic = FlowPolicy().eval(), TwinCritic().eval()
+    policy = ShortcutFlowPolicy(LATENT, ACTION, (HIDDEN,) * 4, sample_steps=4).eval()
+    two_heads, ten_heads = (QEnsemble(LATENT, ACTION, (HIDDEN,) * 4, num_heads=e).eval() for e in (2, 10))
     model = LatentWorldModel(LATENT, ACTION, reward=True).eval()
+
+    def pi_k(steps: int):
+        return lambda latents: policy.sample(latents, steps)
+
+    def critic(heads: QEnsemble):
+        return lambda latents, actions: heads(latents, actions).mean(0)
+
+    pi, q = pi_k(4), critic(two_heads)
     z = torch.randn(args.envs, LATENT)
     defaults, deep = QWMConfig(), QWMConfig(depth=4)
 
-    def search(cfg: QWMConfig, nets=(policy, critic, model), latents=z) -> Callable[[], object]:
-        pi, q, wm = nets
-        return lambda: QWMPlanner(cfg).plan(latents, pi, q, wm.next, reward=wm.reward)
+    def search(cfg: QWMConfig, policy_fn=pi, q_fn=q) -> Callable[[], object]:
+        return lambda: QWMPlanner(cfg).plan(z, policy_fn, q_fn, model.next, reward=model.reward)
 
     load_before = os.getloadavg()[0]
     results = {}
     with torch.inference_mode():
         results["search_ms"], search_median = latency_ms(search(defaults), args.rounds, 3)
         results["search_ms_d4"], d4_median = latency_ms(search(deep), args.rounds, 2)
-        results["policy_only_ms"], policy_median = latency_ms(lambda: policy(z), args.rounds, 20)
+        results["policy_only_ms"], policy_median = latency_ms(lambda: pi(z), args.rounds, 20)
         results["loop_ms"], loop_median = latency_ms(
-            lambda: plan_reference(defaults, z, policy, critic, model.next, reward=model.reward), 1, 1
+            lambda: plan_reference(defaults, z, pi, q, model.next, reward=model.reward), 1, 1
         )
-        results["search_ms_bf16"], bf16_median = latency_ms(
-            search(dataclasses.replace(defaults, precision="bf16")), args.rounds, 3
+        results["search_ms_fp32"], fp32_median = latency_ms(
+            search(dataclasses.replace(defaults, precision="fp32")), args.rounds, 3
         )
-        one_step = copy.deepcopy(policy)
-        one_step.steps = 1
-        results["search_ms_k1"], k1_median = latency_ms(search(defaults, (one_step, critic, model)), args.rounds, 3)
-    results["speedup_vs_loop"] = results["loop_ms"] / results["search_ms"]
+        results["search_ms_k1"], k1_median = latency_ms(search(defaults, policy_fn=pi_k(1)), args.rounds, 3)
+        results["search_ms_10head"], ten_median = latency_ms(
+            search(defaults, q_fn=critic(ten_heads)), args.rounds, 3
+        )
+    results["speedup_vs_loop"] = results["loop_ms"] / results["search_ms_fp32"]
+    results["speedup_vs_loop_default"] = results["loop_ms"] / results["search_ms"]
     medians = {"search_ms": search_median, "search_ms_d4": d4_median, "policy_only_ms": policy_median,
-               "loop_ms": loop_median, "search_ms_bf16": bf16_median, "search_ms_k1": k1_median}
+               "loop_ms": loop_median, "search_ms_fp32": fp32_median, "search_ms_k1": k1_median,
+               "search_ms_10head": ten_median}
     nodes = {name: cfg.num_actions * (1 + cfg.depth * cfg.beam * cfg.num_samples + cfg.beam * cfg.leaf_actions)
              for name, cfg in (("defaults", defaults), ("d4", deep))}
     results.update(
@@ -139,12 +113,13 @@ def main() -> None:
         medians_ms=medians,
         policy_samples_per_env=nodes,
         config=dataclasses.asdict(defaults),
+        precision="bf16" if native_bf16(z.device) else "fp32",
         threads=torch.get_num_threads(),
         load_average=[load_before, os.getloadavg()[0]],
         anchor_tdmpc2_mppi_ms_one_env=(600, 700),
     )
 
-    print(f"QWM search, {args.envs} envs, {torch.get_num_threads()} threads, "
+    print(f"QWM search, {args.envs} envs, {torch.get_num_threads()} threads, defaults in {results['precision']}, "
           f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"{'measure':<18}{'best ms':>10}{'median ms':>11}   note")
     notes = {
@@ -152,12 +127,14 @@ def main() -> None:
         "search_ms_d4": f"D=4, {nodes['d4']} per env",
         "policy_only_ms": "one flow sample per env, no search",
         "loop_ms": "plan_reference, per-node Python loop",
-        "search_ms_bf16": "defaults, planner.precision=bf16 (autocast)",
+        "search_ms_fp32": "defaults in fp32",
         "search_ms_k1": "defaults, one-step policy sampler",
+        "search_ms_10head": "defaults, 10-head critic",
     }
     for key, note in notes.items():
         print(f"{key:<18}{results[key]:>10.1f}{medians[key]:>11.1f}   {note}")
-    print(f"{'speedup_vs_loop':<18}{results['speedup_vs_loop']:>10.1f}{'':>11}   target >= 30")
+    print(f"{'speedup_vs_loop':<18}{results['speedup_vs_loop']:>10.1f}{'':>11}   fp32 vs fp32 (target >= 30)")
+    print(f"{'  with defaults':<18}{results['speedup_vs_loop_default']:>10.1f}{'':>11}   {results['precision']} search vs fp32 loop")
     print("anchor: TD-MPC2 MPPI, one env, this machine: 600-700 ms")
     if args.json:
         with open(args.json, "w") as f:

@@ -5,7 +5,7 @@ from einops import rearrange, repeat
 from torch import nn
 
 from robo_rl.agents.world_model import LatentWorldModel
-from robo_rl.planning.qwm import QWMConfig, QWMPlanner, plan_reference
+from robo_rl.planning.qwm import QWMConfig, QWMPlanner, native_bf16, plan_reference
 
 # -- a cliff world with exact dynamics and a critic that cannot see the cliff coming -------------
 CLIFF_EDGE, FALLEN_VALUE = 0.5, -10.0
@@ -75,7 +75,8 @@ class InputSeededPolicy:
 )
 def test_batched_search_equals_reference_tree_walk(depth, beam, with_heads):
     torch.manual_seed(depth * 10 + beam)
-    cfg = QWMConfig(num_actions=4, num_samples=3, depth=depth, beam=beam, leaf_actions=3, lam=0.5)
+    # fp32: the reference walk runs without autocast (precision="auto" is bf16 on AMX CPUs)
+    cfg = QWMConfig(num_actions=4, num_samples=3, depth=depth, beam=beam, leaf_actions=3, lam=0.5, precision="fp32")
     pi = InputSeededPolicy()
     critic = nn.Sequential(nn.Linear(LATENT + ACTION, 32), nn.Tanh(), nn.Linear(32, 1))
     model = LatentWorldModel(LATENT, ACTION, num_heads=cfg.num_samples, hidden_dim=32, reward=True, termination=True)
@@ -142,7 +143,7 @@ def test_planner_runs_on_the_world_model_and_names_bad_inputs():
 
 def test_bf16_search_scores_track_fp32():
     torch.manual_seed(0)
-    cfg = QWMConfig(num_actions=4, num_samples=3, depth=2, leaf_actions=3)
+    cfg = QWMConfig(num_actions=4, num_samples=3, depth=2, leaf_actions=3, precision="fp32")
     pi = InputSeededPolicy()
     critic = nn.Sequential(nn.Linear(LATENT + ACTION, 32), nn.Tanh(), nn.Linear(32, 1))
     model = LatentWorldModel(LATENT, ACTION, num_heads=cfg.num_samples, hidden_dim=32)
@@ -160,3 +161,6 @@ def test_bf16_search_scores_track_fp32():
     assert action.dtype == torch.float32
     assert not torch.equal(half["scores"], full["scores"])  # the matmuls really ran in bfloat16 ...
     torch.testing.assert_close(half["scores"], full["scores"], atol=0.05, rtol=0.05)  # ... and stay close
+    # "auto" runs bf16 exactly where it is native (AMX on this CPU), fp32 elsewhere.
+    _, auto = QWMPlanner(QWMConfig(**{**cfg.__dict__, "precision": "auto"})).plan(z, pi, q, every_head)
+    assert torch.equal(auto["scores"], (half if native_bf16(z.device) else full)["scores"])

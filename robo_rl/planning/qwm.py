@@ -71,7 +71,9 @@ class QWMConfig:
     temperature: float = 1.0  # softmax temperature, in units of Q
     pessimism: float = 0.0  # κ: the actor's critic scores mean − κ·std over its heads (≥ 0)
     policy_steps: int = 4  # Euler steps of the SORL sampler; the agent reads it when it builds `pi`
-    precision: str = "fp32"  # "bf16": run the search's matmuls under bfloat16 autocast (AMX CPUs, GPUs)
+    # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 where the hardware does it
+    # natively (CUDA with bf16, CPUs with AMX tiles), fp32 elsewhere (emulated bf16 is slower than fp32).
+    precision: str = "auto"
 
     def __post_init__(self):
         for name in ("num_actions", "num_samples", "beam", "leaf_actions", "policy_steps"):
@@ -87,8 +89,8 @@ class QWMConfig:
                              f"got lam={self.lam}, root_weight={self.root_weight}")
         if self.selection not in ("argmax", "softmax"):
             raise ValueError(f'QWMConfig.selection must be "argmax" or "softmax", got {self.selection!r}')
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f'QWMConfig.precision must be "fp32" or "bf16", got {self.precision!r}')
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f'QWMConfig.precision must be "auto", "fp32" or "bf16", got {self.precision!r}')
         if self.pessimism < 0:
             raise ValueError(f"QWMConfig.pessimism must be >= 0, got {self.pessimism}")
         if self.temperature <= 0:
@@ -121,7 +123,8 @@ class QWMPlanner:
         cfg = self.cfg
         if z.dim() != 2:
             raise ValueError(f"z must be a batch of latents [B, Z], got shape {tuple(z.shape)}")
-        with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and native_bf16(z.device))
+        with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=bf16):
             actions, info = self._search(z, pi, q, next, reward, terminal, generator)
         return actions.float(), info
 
@@ -177,6 +180,14 @@ class QWMPlanner:
             return scores.argmax(1)
         probs = torch.softmax(scores / self.cfg.temperature, dim=1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether bfloat16 matmuls run natively on `device`: CUDA with bf16 support, or a CPU with AMX tiles."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private in torch 2.x; absent: assume no AMX
+    return device.type == "cpu" and amx is not None and amx()
 
 
 def plan_reference(
