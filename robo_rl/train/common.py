@@ -116,6 +116,11 @@ def agent_config(agent_cfg: DictConfig, compile: bool = False) -> SORLConfig:
 
 
 def build_agent(cfg: DictConfig, shapes: dict, num_tasks: int) -> SORLAgent:
+    if cfg.agent.action_horizon != 1:
+        # SORLAgent learns and samples chunks (update/act take [B, h, A]); the buffer's batches and the
+        # env loops are still one action per step, so the trainers refuse rather than mis-train.
+        raise ValueError(f"agent.action_horizon={cfg.agent.action_horizon}: the trainers and env loops execute "
+                         "one action per step; use agent.action_horizon=1 (chunks work through SORLAgent directly)")
     return SORLAgent(shapes, ACTION_DIM, num_tasks, agent_config(cfg.agent, cfg.compile), device=cfg.device)
 
 
