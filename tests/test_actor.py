@@ -1,4 +1,5 @@
 """Acting with an agent: policy only, through QWM search, and with per-group parameter noise."""
+import pytest
 import torch
 
 from robo_rl.agents.sorl import SORLAgent, SORLConfig
@@ -10,10 +11,10 @@ from robo_rl.planning.qwm import QWMConfig, QWMPlanner
 SHAPES = {"state": (5,), "task_id": ()}
 
 
-def small_agent() -> SORLAgent:
+def small_agent(action_horizon: int = 1) -> SORLAgent:
     torch.manual_seed(0)
     cfg = SORLConfig(encoder=EncoderConfig(latent_dim=16, hidden_dims=(32,)), actor_hidden_dims=(32, 32),
-                     critic_hidden_dims=(32, 32), num_critics=2,
+                     critic_hidden_dims=(32, 32), num_critics=2, action_horizon=action_horizon,
                      world_model=WorldModelConfig(num_heads=4, hidden_dim=32, num_layers=2))
     return SORLAgent(SHAPES, 3, 1, cfg)
 
@@ -54,3 +55,22 @@ def test_pessimistic_search_scores_the_ensemble_lower_bound():
     assert (lower < agent.q(z, a)).all()
     actor = AgentActor(agent, QWMPlanner(QWMConfig(num_actions=4, num_samples=2, depth=1, leaf_actions=2, pessimism=2.0)))
     assert actor.act(obs(3)).shape == (3, 3)
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_chunks_execute_open_loop_and_replan_when_used_up_or_reset(search):
+    agent = small_agent(action_horizon=3)
+    planner = QWMPlanner(QWMConfig(num_actions=4, num_samples=2, depth=1, leaf_actions=2)) if search else None
+    actor = AgentActor(agent, planner)
+    first = actor.act(obs(2))
+    chunks = actor._chunks.clone()  # [B, h, A]
+    assert chunks.shape == (2, 3, 3) and torch.equal(first, chunks[:, 0])
+    # The next two steps finish the chunk whatever the observation says.
+    assert torch.equal(actor.act(obs(2)), chunks[:, 1]) and torch.equal(actor.act(obs(2)), chunks[:, 2])
+    fresh = actor.act(obs(2))
+    assert not torch.equal(actor._chunks, chunks) and torch.equal(fresh, actor._chunks[:, 0])
+    chunks = actor._chunks.clone()
+    actor.reset([1])  # env 1's episode restarted: it replans, env 0 carries on
+    step = actor.act(obs(2))
+    assert torch.equal(step[0], chunks[0, 1]) and torch.equal(step[1], actor._chunks[1, 0])
+    assert not torch.equal(actor._chunks[1], chunks[1])

@@ -179,6 +179,20 @@ def test_samples_match_brute_force_and_never_cross_episodes(num_envs, capacity, 
             assert seq["reward"][b, k].item() == pytest.approx(reward)
             assert seq["terminal"][b, k].item() == terminal
 
+    # Action chunks: h consecutive actions of one episode, the h-step return, the observation after them.
+    chunks = buffer.sample_chunks(8, horizon)
+    assert chunks["action"].shape == (8, horizon, 2)
+    for b in range(8):
+        ep, t = labels(chunks["obs"]["state"][b])[0]
+        assert (ep, t) in offline_windows | online_windows
+        assert labels(chunks["action"][b]) == [(ep, t + k) for k in range(horizon)]
+        assert labels(chunks["next_obs"]["state"][b]) == [(ep, t + horizon)]
+        truth = [world.truth[ep, t + k] for k in range(horizon)]
+        assert chunks["reward"][b].item() == pytest.approx(sum(GAMMA**k * r for k, (r, _, _) in enumerate(truth)),
+                                                           rel=1e-5, abs=1e-5)
+        ended = any(terminal for _, terminal, _ in truth)
+        assert chunks["discount"][b].item() == pytest.approx(0.0 if ended else GAMMA**horizon)
+
 
 def test_offline_online_ratio():
     for ratio in (0.5, 0.25):

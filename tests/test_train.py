@@ -73,6 +73,17 @@ def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):
         assert result["policy"] == str(lift_run)
 
 
+def test_action_chunks_train_and_act_end_to_end(tmp_path):
+    run_dir = tmp_path / "chunks"
+    train(run_dir, "task=lift", "agent.action_horizon=2", "budget.eval_episodes=1")
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert result["num_episodes"] == 1 and "success_rate_no_search" in result
+    buffer = ReplayBuffer.load(run_dir / "checkpoints" / "buffer.h5")
+    assert buffer.num_online == result["online_env_steps"]  # chunks still enter the buffer one step at a time
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("online/wm_consistency" in l for l in lines)
+
+
 def test_resume_after_kill_continues_from_last_checkpoint(tmp_path):
     run_dir = tmp_path / "resume"
     overrides = ["task=lift", "budget.offline_steps=400", "budget.checkpoint_every=50", "budget.online_steps=40"]

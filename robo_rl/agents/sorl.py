@@ -15,7 +15,7 @@ import copy
 from dataclasses import dataclass, field
 
 import torch
-from einops import rearrange, repeat
+from einops import rearrange, reduce, repeat
 from torch import nn
 
 from robo_rl.agents.critic import QEnsemble
@@ -181,8 +181,8 @@ class SORLAgent(nn.Module):
         actor_loss, actor_info = self.actor_loss(z, action)
         loss, wm_info = critic_loss + actor_loss, {}
         if self.world_model is not None and seq is not None:
-            seq = {**seq, "obs": self._to_device(seq["obs"]), "action": self._flatten_seq(seq["action"].to(self.device)),
-                   "reward": seq["reward"].to(self.device), "terminal": seq["terminal"].to(self.device)}
+            seq = self._chunk_sequence({"obs": self._to_device(seq["obs"]), "action": seq["action"].to(self.device),
+                                        "reward": seq["reward"].to(self.device), "terminal": seq["terminal"].to(self.device)})
             wm_loss, wm_info = self.world_model.loss(self.encoder, self.target_encoder, seq)
             loss = loss + wm_loss
         self.optimizer.zero_grad(set_to_none=True)
@@ -270,9 +270,18 @@ class SORLAgent(nn.Module):
     def _flatten(self, action: torch.Tensor) -> torch.Tensor:
         return rearrange(action, "b h a -> b (h a)") if action.dim() == 3 else action
 
-    def _flatten_seq(self, action: torch.Tensor) -> torch.Tensor:
-        """Sequence actions [B, H, A] -> [B, H', h*A]: a chunk of h actions is one world-model step."""
-        return rearrange(action, "b (t h) a -> b t (h a)", h=self.config.action_horizon)
+    def _chunk_sequence(self, seq: dict) -> dict:
+        """A sequence of T·h env steps -> T world-model steps, one per chunk of h actions: every h-th
+        observation [B, T+1, ...], actions [B, T, h*A], rewards summed and terminals or-ed per chunk [B, T]."""
+        h = self.config.action_horizon
+        if seq["action"].shape[1] % h:
+            raise ValueError(f"a sequence of {seq['action'].shape[1]} steps does not split into chunks of {h} actions")
+        return {
+            "obs": {k: v[:, ::h] for k, v in seq["obs"].items()},
+            "action": rearrange(seq["action"], "b (t h) a -> b t (h a)", h=h),
+            "reward": reduce(seq["reward"].float(), "b (t h) -> b t", "sum", h=h),
+            "terminal": rearrange(seq["terminal"], "b (t h) -> b t h", h=h).any(-1),
+        }
 
     def _unflatten(self, action: torch.Tensor) -> torch.Tensor:
         return rearrange(action, "b (h a) -> b h a", h=self.config.action_horizon)

@@ -326,6 +326,23 @@ class ReplayBuffer:
             "terminal": self._take([(p.terminal, i) for p, i in steps], (B, H)),
         }
 
+    def sample_chunks(self, batch_size: int, horizon: int) -> dict:
+        """Transitions whose action is a chunk of `horizon` consecutive actions inside one episode.
+
+        The format of `sample` (without "offline"): obs, next_obs (the observation after the chunk);
+        action [B, h, A]; reward [B] = sum_k gamma^k r_k; discount [B] = gamma^h (1 - terminal).
+        """
+        seq = self.sample_sequences(batch_size, horizon)
+        reward = seq["reward"].float()
+        powers = self.gamma ** torch.arange(horizon, dtype=reward.dtype, device=reward.device)
+        return {
+            "obs": {k: v[:, 0] for k, v in seq["obs"].items()},
+            "next_obs": {k: v[:, -1] for k, v in seq["obs"].items()},
+            "action": seq["action"],
+            "reward": reward @ powers,
+            "discount": self.gamma**horizon * (~seq["terminal"].any(1)).float(),
+        }
+
     def can_sample_sequences(self, horizon: int) -> bool:
         """Whether `sample_sequences(_, horizon)` has anything to draw from."""
         return self.num_offline > 0 or self._online_has_window(horizon)

@@ -85,8 +85,8 @@ def evaluate(
         return env.reset_envs(starts, seed=[running[i].seed for i in starts], options=options)
 
     t0 = time.time()
-    idle = list(range(min(len(queue), env.num_envs), env.num_envs))
-    obs = env.reset_envs(idle) if idle else None  # envs without a job still need an observation
+    # Envs left without a job still need an observation in the batch.
+    obs = env.reset(seed=seed) if len(queue) < env.num_envs else None
     obs = assign(list(range(env.num_envs)))
     bar = tqdm(total=len(jobs), desc="eval", disable=not progress, leave=False)
     while any(j is not None for j in running):

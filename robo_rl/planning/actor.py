@@ -19,6 +19,10 @@ class AgentActor:
     param_noise_std > 0 gives 3PO-style parameter-space exploration: env group g (env i is in group
     i % num_groups) acts with its own perturbed copy of the policy's velocity net, redrawn by
     `resample_noise()` (the online loop calls it when an episode of that group starts).
+
+    With action chunks (agent.config.action_horizon = h > 1) each env executes its chunk open loop:
+    a new chunk is planned for an env only when its last one is used up or `reset()` says its
+    episode restarted. Env loops call `reset(env_ids)` whenever episodes start.
     """
 
     def __init__(self, agent, planner: QWMPlanner | None = None, sample_steps: int | None = None,
@@ -28,6 +32,9 @@ class AgentActor:
         self.sample_steps, self.best_of_n = sample_steps, best_of_n
         self.param_noise_std, self.num_groups = param_noise_std, num_groups
         self.generator = torch.Generator(device=agent.device).manual_seed(seed)
+        self.horizon = agent.config.action_horizon
+        self._chunks: torch.Tensor | None = None  # [B, h, A]: the chunk each env is executing
+        self._next: torch.Tensor | None = None  # [B]: index of its next action; h = used up
         self._noisy_policies = None
         if param_noise_std > 0:
             self._noisy_policies = [copy.deepcopy(agent.policy).requires_grad_(False) for _ in range(num_groups)]
@@ -40,24 +47,48 @@ class AgentActor:
             for noisy, p in zip(self._noisy_policies[g].parameters(), self.agent.policy.parameters()):
                 noisy.copy_(p + self.param_noise_std * torch.randn(p.shape, generator=self.generator, device=p.device))
 
+    def reset(self, env_ids) -> None:
+        """Episodes (re)start in `env_ids`: their next `act` plans afresh instead of finishing a chunk."""
+        if self._next is not None:
+            self._next[list(env_ids)] = self.horizon
+
     @torch.no_grad()
     def act(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """obs dict [B, ...] -> actions [B, A] for this step (CPU)."""
+        batch = next(iter(obs.values())).shape[0]
+        if self.horizon == 1:
+            return self._plan(obs, torch.arange(batch))
+        if self._next is None or self._next.shape[0] != batch:
+            self._chunks = torch.zeros(batch, self.horizon, self.agent.action_dim)
+            self._next = torch.full((batch,), self.horizon)
+        stale = torch.nonzero(self._next >= self.horizon).squeeze(1)
+        if len(stale):
+            self._chunks[stale] = self._plan({k: v[stale] for k, v in obs.items()}, stale)
+            self._next[stale] = 0
+        actions = self._chunks[torch.arange(batch), self._next]
+        self._next += 1
+        return actions
+
+    def _plan(self, obs: dict[str, torch.Tensor], env_ids: torch.Tensor) -> torch.Tensor:
+        """obs of the envs `env_ids` [n] -> their actions [n, A], or chunks [n, h, A] (CPU)."""
         agent = self.agent
         agent.eval()
         if self.planner is None and self._noisy_policies is None:
             actions = agent.act(obs, steps=self.sample_steps, best_of_n=self.best_of_n)
         else:
             z = agent.encode(obs)
-            actions = torch.empty(z.shape[0], agent.action_dim, device=z.device)
-            for g, rows in self._groups(z.shape[0]):
+            actions = torch.empty(z.shape[0], agent.policy.flat_dim, device=z.device)
+            for g, rows in self._groups(env_ids):
                 actions[rows] = self._act_latent(z[rows], g)
+            actions = actions.view(-1, self.horizon, agent.action_dim) if self.horizon > 1 else actions
         return actions.cpu()
 
-    def _groups(self, batch: int):
+    def _groups(self, env_ids: torch.Tensor):
+        """(group, rows of env_ids in it) for each parameter-noise group present."""
         if self._noisy_policies is None:
             return [(None, slice(None))]
-        ids = torch.arange(batch)
-        return [(g, ids[ids % self.num_groups == g]) for g in range(self.num_groups) if (ids % self.num_groups == g).any()]
+        group_of = env_ids % self.num_groups
+        return [(g, torch.nonzero(group_of == g).squeeze(1)) for g in range(self.num_groups) if (group_of == g).any()]
 
     def _act_latent(self, z: torch.Tensor, group: int | None) -> torch.Tensor:
         agent = self.agent

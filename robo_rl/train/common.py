@@ -116,11 +116,6 @@ def agent_config(agent_cfg: DictConfig, compile: bool = False) -> SORLConfig:
 
 
 def build_agent(cfg: DictConfig, shapes: dict, num_tasks: int) -> SORLAgent:
-    if cfg.agent.action_horizon != 1:
-        # SORLAgent learns and samples chunks (update/act take [B, h, A]); the buffer's batches and the
-        # env loops are still one action per step, so the trainers refuse rather than mis-train.
-        raise ValueError(f"agent.action_horizon={cfg.agent.action_horizon}: the trainers and env loops execute "
-                         "one action per step; use agent.action_horizon=1 (chunks work through SORLAgent directly)")
     return SORLAgent(shapes, ACTION_DIM, num_tasks, agent_config(cfg.agent, cfg.compile), device=cfg.device)
 
 
@@ -151,12 +146,19 @@ def make_actor(cfg: DictConfig, agent: SORLAgent, search: bool, **kwargs) -> Age
 
 
 def gradient_step(cfg: DictConfig, agent: SORLAgent, buffer: ReplayBuffer) -> dict[str, float]:
-    """One update on an RLPD-mixed batch of real transitions (+ real sub-trajectories for the world model)."""
-    budget = cfg.budget
-    batch = buffer.sample(budget.batch_size, nstep=cfg.train.nstep)
+    """One update on an RLPD-mixed batch of real transitions (+ real sub-trajectories for the world model).
+
+    With action chunks of h actions a transition spans h env steps (its return is the h-step one) and a
+    world-model step is one chunk, so the model's sub-trajectories are seq_horizon * h env steps long.
+    """
+    budget, h = cfg.budget, agent.config.action_horizon
+    if h == 1:
+        batch = buffer.sample(budget.batch_size, nstep=cfg.train.nstep)
+    else:
+        batch = buffer.sample_chunks(budget.batch_size, h)
     seq = None
-    if agent.world_model is not None and buffer.can_sample_sequences(budget.seq_horizon):
-        seq = buffer.sample_sequences(budget.batch_size, budget.seq_horizon)
+    if agent.world_model is not None and buffer.can_sample_sequences(budget.seq_horizon * h):
+        seq = buffer.sample_sequences(budget.batch_size, budget.seq_horizon * h)
     return agent.update(batch, seq)
 
 

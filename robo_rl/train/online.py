@@ -24,6 +24,7 @@ def finetune(cfg: DictConfig, agent: SORLAgent, buffer: ReplayBuffer, env, actor
     budget, B = cfg.budget, env.num_envs
     updates_per_iter = max(1, round(budget.utd * B))
     obs = env.reset(seed=cfg.seed + 7919 * (start_env_steps + 1))  # fresh episodes, also after a resume
+    actor.reset(range(B))
     episode_return, episode_len = np.zeros(B), np.zeros(B, int)
     recent = deque(maxlen=20)  # (success, return, length) of the last finished episodes
     steps, metrics, t0 = start_env_steps, {}, time.time()
@@ -44,6 +45,7 @@ def finetune(cfg: DictConfig, agent: SORLAgent, buffer: ReplayBuffer, env, actor
         for i in np.flatnonzero(done):
             recent.append((bool(result.success[i]), episode_return[i], episode_len[i]))
         episode_return[done], episode_len[done] = 0.0, 0
+        actor.reset(np.flatnonzero(done))  # auto-reset started new episodes there
         if actor.param_noise_std > 0 and done.any():
             actor.resample_noise(sorted({int(i) % actor.num_groups for i in np.flatnonzero(done)}))
 
