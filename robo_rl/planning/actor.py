@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from einops import rearrange
 
 from robo_rl.planning.qwm import QWMPlanner
 
@@ -80,7 +81,7 @@ class AgentActor:
             actions = torch.empty(z.shape[0], agent.policy.flat_dim, device=z.device)
             for g, rows in self._groups(env_ids):
                 actions[rows] = self._act_latent(z[rows], g)
-            actions = actions.view(-1, self.horizon, agent.action_dim) if self.horizon > 1 else actions
+            actions = rearrange(actions, "n (h a) -> n h a", h=self.horizon) if self.horizon > 1 else actions
         return actions.cpu()
 
     def _groups(self, env_ids: torch.Tensor):
