@@ -33,7 +33,7 @@ def test_two_step_lookahead_avoids_the_cliff_the_critic_walks_into():
     z = torch.zeros(4, 2)  # 4 envs at x = 0, not fallen
     chosen = {}
     for depth in (0, 1, 2):
-        planner = QWMPlanner(QWMConfig(num_actions=16, depth=depth, root_weight=0.5))  # QWM's ½(V_Q + V_r)
+        planner = QWMPlanner(QWMConfig(num_actions=16, depth=depth))
         action, info = planner.plan(z, uniform_policy(seed=0), myopic_q, cliff_next)
         chosen[depth] = action[:, 0]
     candidates = info["candidates"][..., 0]  # the same 16 root actions per env at every depth (same seed)
@@ -44,8 +44,8 @@ def test_two_step_lookahead_avoids_the_cliff_the_critic_walks_into():
     assert (chosen[1] > CLIFF_EDGE).all()
     # Two steps see the fall that follows every step past the edge and choose a safe step forward.
     assert ((chosen[2] > 0) & (chosen[2] <= CLIFF_EDGE)).all()
-    # The default scores by the tree value alone (root_weight 0) and steps forward safely too.
-    action, _ = QWMPlanner(QWMConfig(num_actions=16, depth=2)).plan(z, uniform_policy(seed=0), myopic_q, cliff_next)
+    # Scoring by the tree value alone (root_weight 0) steps forward safely too.
+    action, _ = QWMPlanner(QWMConfig(num_actions=16, depth=2, root_weight=0.0)).plan(z, uniform_policy(seed=0), myopic_q, cliff_next)
     assert ((action[:, 0] > 0) & (action[:, 0] <= CLIFF_EDGE)).all()
 
 

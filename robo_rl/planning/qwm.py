@@ -19,12 +19,12 @@ tensor program; only the depth loop is Python):
     score    S_n = w·G_0 + (1 − w)·T
     select   argmax_n S_n, or n ~ softmax(S / temperature)
 
-How the values combine: with root weight w = ½ the score is QWM's ½(V_Q + V_r), the critic's
-value of the action and the value the world model rolls out for it. Our default is w = 0, the tree
-value alone: it asks the critic only about the policy's own actions (at imagined states), while
-Q(z0, a_n) ranks actions against each other, where a critic fit to demonstrations extrapolates. On
-Can (budget=cpu checkpoint, 50 episodes; policy alone 0.74) w = ½ chose badly (0.26), best-of-N by Q
-alone too (0.53), w = 0 matched the policy (0.74). Deeper estimates see
+How the values combine: with the default root weight w = ½ the score is QWM's ½(V_Q + V_r), the
+critic's value of the action and the value the world model rolls out for it. Neither term is safe
+alone at small budgets (budget=cpu, 50 episodes each): on a Can checkpoint whose policy alone
+scores 0.74, w = ½ chose badly (0.26; κ = 3 pessimism 0.50) and the tree value alone (w = 0)
+matched the policy (0.74); but w = 0 from Lift's offline start, where the world model has seen only
+demonstrations, collected failing episodes (success ≈ 0.35 vs ≈ 0.95 with w = ½). Deeper estimates see
 more of the future but compound model error, so λ (0.1–0.2) weights depth d by λ^(d−1), as
 TD(λ) weights longer returns. The beam only chooses which nodes to look at deeper; every sampled
 node of a depth enters its mean. (Nodes below the first depth descend from the best-ranked ones, a
@@ -66,7 +66,7 @@ class QWMConfig:
     leaf_actions: int = 8  # N_leaf policy actions whose Q is averaged at a kept leaf
     lam: float = 0.2  # λ: the depth-d estimate G_d enters the tree value T with weight ∝ λ^(d−1)
     gamma: float = 0.99
-    root_weight: float = 0.0  # w: S = w·Q(z0, a) + (1 − w)·T; 0.5 is QWM's ½(V_Q + V_r)
+    root_weight: float = 0.5  # w: S = w·Q(z0, a) + (1 − w)·T; 0.5 is QWM's ½(V_Q + V_r)
     selection: str = "argmax"  # "argmax" | "softmax"
     temperature: float = 1.0  # softmax temperature, in units of Q
     pessimism: float = 0.0  # κ: the actor's critic scores mean − κ·std over its heads (≥ 0)
