@@ -16,6 +16,11 @@ from robo_rl.nets.mlp import EnsembleMLP, ema_update_
 TARGET_AGGREGATIONS = ("min", "mean_std")
 
 
+def mean_minus_std(q: torch.Tensor, beta: float) -> torch.Tensor:
+    """Pessimistic aggregate of head values q [E, B] -> [B]: mean - beta * std (beta = 0: the mean)."""
+    return q.mean(0) - beta * q.std(0) if beta else q.mean(0)
+
+
 class QEnsemble(nn.Module):
     """Q(z [B, Z], a [B, A]) -> [E, B] for E heads.
 
@@ -54,7 +59,7 @@ class QEnsemble(nn.Module):
         return self.net(torch.cat([z, a], -1), detach_params=detach_params).squeeze(-1)
 
     def disagreement(self, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """Epistemic uncertainty for the planner: std across heads, [B]."""
+        """Epistemic uncertainty: std across heads, [B]."""
         return self(z, a).std(0)
 
     @torch.no_grad()
@@ -65,7 +70,7 @@ class QEnsemble(nn.Module):
             heads = torch.randperm(self.num_heads, device=z.device)[: self.target_subset]
             return self.target_net(x, heads).squeeze(-1).min(0).values
         q = self.target_net(x).squeeze(-1)
-        return q.mean(0) - self.target_beta * q.std(0) if self.target_beta else q.mean(0)
+        return mean_minus_std(q, self.target_beta)
 
     def update_target(self, tau: float) -> None:
         ema_update_(self.target_net, self.net, tau)

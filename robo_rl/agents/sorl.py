@@ -18,7 +18,7 @@ import torch
 from einops import rearrange, reduce, repeat
 from torch import nn
 
-from robo_rl.agents.critic import QEnsemble
+from robo_rl.agents.critic import QEnsemble, mean_minus_std
 from robo_rl.agents.policy import ShortcutFlowPolicy
 from robo_rl.agents.world_model import WorldModelConfig
 from robo_rl.nets.encoders import EncoderConfig, ObsEncoder
@@ -134,8 +134,7 @@ class SORLAgent(nn.Module):
     def q(self, z: torch.Tensor, a: torch.Tensor, pessimism: float = 0.0) -> torch.Tensor:
         """Ensemble-mean Q (the value the actor maximises), minus `pessimism` times the heads'
         disagreement (std) when asked: z [B, Z], a [B, h*A] -> [B]."""
-        q = self.critic(z, a)
-        return q.mean(0) - pessimism * q.std(0) if pessimism else q.mean(0)
+        return mean_minus_std(self.critic(z, a), pessimism)
 
     @torch.no_grad()
     def act(self, obs: Obs, steps: int | None = None, best_of_n: int | None = None) -> torch.Tensor:

@@ -67,8 +67,9 @@ def evaluate(
     queue, running, done = list(jobs), [None] * env.num_envs, []
     current_task = [spec.task_ids[i % len(spec.task_ids)] for i in range(env.num_envs)]
 
-    def assign(env_ids: list[int]) -> dict:
-        """Give each env in env_ids its next job (preferring its current task: no scene rebuild)."""
+    def assign(env_ids: list[int], reset_idle: bool = False) -> dict:
+        """Give each env in env_ids its next job (preferring its current task: no scene rebuild).
+        reset_idle: also reset the envs left without a job (the first batch needs every env's obs)."""
         starts = []
         for i in env_ids:
             same_task = [j for j in queue if j.task_id == current_task[i]]
@@ -77,17 +78,17 @@ def evaluate(
                 queue.remove(running[i])
                 current_task[i] = running[i].task_id
                 starts.append(i)
-        if not starts:
+        idle = [i for i in env_ids if running[i] is None] if reset_idle else []
+        if not starts and not idle:
             return obs
         if hasattr(policy, "reset"):
             policy.reset(starts)
         options = [{"task_id": running[i].task_id, "init_state_id": running[i].init_state_id} for i in starts]
-        return env.reset_envs(starts, seed=[running[i].seed for i in starts], options=options)
+        seeds = [running[i].seed for i in starts] + [None] * len(idle)
+        return env.reset_envs(starts + idle, seed=seeds, options=options + [None] * len(idle))
 
     t0 = time.time()
-    # Envs left without a job still need an observation in the batch.
-    obs = env.reset(seed=seed) if len(queue) < env.num_envs else None
-    obs = assign(list(range(env.num_envs)))
+    obs = assign(list(range(env.num_envs)), reset_idle=True)
     bar = tqdm(total=len(jobs), desc="eval", disable=not progress, leave=False)
     while any(j is not None for j in running):
         active = np.array([j is not None for j in running])
