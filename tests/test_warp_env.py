@@ -197,7 +197,7 @@ def test_reset_to_a_stored_state(env, rs):
     state = rs.sim_state()
     obs = env.reset_envs([2], options=[{"state": state}])
     np.testing.assert_allclose(env.get("sim_state")[2], state, atol=1e-6)
-    expected = rs.reset_to_state(state)  # robosuite's raw observation after set_state + forward
+    expected = rs.set_sim_state(state)  # robosuite's raw observation after set_state + forward
     for key in LOW_DIM:
         np.testing.assert_allclose(obs[key][2].numpy(), expected[key.replace("object", "object-state")], atol=1e-5)
 
@@ -276,7 +276,7 @@ def test_pick_place_can_follows_robosuite():
     for height, in_bin in ((0.05, True), (0.3, False)):
         state = rs.sim_state().copy()
         state[can : can + 3] = [centre[0], centre[1], task.bin_z + height]
-        rs.reset_to_state(state)
+        rs.set_sim_state(state)
         env.reset(options=[{"state": state}])
         _, _, _, _, success = rs.step(np.zeros(7))
         assert success == in_bin == bool(env.step(torch.zeros(1, 7)).success[0])

@@ -28,6 +28,50 @@ class SimEnv:
         """Flattened MuJoCo state (robomimic's `states`)."""
         return self.env.sim.get_state().flatten()
 
+    def snapshot(self) -> dict:
+        """Everything needed to continue this episode exactly: the MuJoCo state (with the solver's warm
+        start) plus what robosuite keeps outside it: the gripper's accumulated command, the OSC orientation
+        goal (it persists through steps whose rotation is exactly zero), each observable's sampling clock
+        and last value (observations are sampled on a clock of their own, within the control step), and
+        the episode's step counter."""
+        env = self._robosuite_env
+        robot, data = env.robots[0], env.sim.data
+        clocks = {name: (o._time_since_last_sample, o._sampled, o._current_delay, np.array(o._current_observed_value))
+                  for name, o in env._observables.items()}
+        return {"sim": self.sim_state(), "warmstart": np.array(data.qacc_warmstart), "t": self._t,
+                "gripper": np.array(robot.gripper.current_action), "goal_ori": np.array(robot.controller.goal_ori),
+                "observables": clocks}
+
+    def restore(self, snapshot: dict) -> dict:
+        """Continue from a `snapshot()` (of an env of the same task); returns the raw observation."""
+        env = self._robosuite_env
+        self.set_sim_state(snapshot["sim"])
+        env.sim.data.qacc_warmstart[:] = snapshot["warmstart"]
+        robot = env.robots[0]
+        robot.gripper.current_action = np.array(snapshot["gripper"])
+        robot.controller.goal_ori = np.array(snapshot["goal_ori"])
+        for name, (elapsed, sampled, delay, value) in snapshot["observables"].items():
+            o = env._observables[name]
+            o._time_since_last_sample, o._sampled, o._current_delay = elapsed, sampled, delay
+            o._current_observed_value = np.array(value)
+        self._t = int(snapshot["t"])
+        return env._get_observations()
+
+    def set_sim_state(self, state: np.ndarray) -> dict:
+        """Set the flattened MuJoCo state and re-observe; returns the raw observation."""
+        env = self._robosuite_env
+        env.sim.set_state_from_flattened(np.asarray(state))
+        env.sim.forward()
+        # The controller caches the arm's pose and refreshes it only when flagged: without this its
+        # next goal would be relative to the pose before the state was set (a centimetre-scale jump).
+        env.robots[0].controller.new_update = True
+        return env._get_observations(force_update=True)
+
+    @property
+    def _robosuite_env(self):
+        """The robosuite environment object (LIBERO wraps one)."""
+        return getattr(self.env, "env", self.env)
+
     def render(self, camera: str = "agentview", size: int | None = None) -> np.ndarray:
         """Upright RGB frame [H, W, 3] uint8 for videos."""
         size = size or self.spec.render_size or self.spec.image_size

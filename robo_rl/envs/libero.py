@@ -104,6 +104,8 @@ class LiberoEnv(SimEnv):
         if state_id is not None:
             raw = self.env.set_init_state(self.init_states[int(state_id) % len(self.init_states)])
         self._t = 0
+        if options.get("snapshot") is not None:  # a mid-episode `snapshot()`: continues that episode
+            raw = self.restore(options["snapshot"])
         return self._obs(raw)
 
     def _success(self) -> bool:

@@ -51,20 +51,36 @@ def robosuite_env_kwargs(spec: EnvSpec) -> dict:
     return kwargs
 
 
+# robosuite draws parts of the scene (the Lift cube's size) from numpy's global RNG once, while it builds
+# the MJCF: building under a fixed seed gives every env, in every process and run, the same scene, so a
+# reset seed alone fixes an episode's initial state (paired evaluation, reproducible seeds, the Warp env).
+MODEL_SEED = 0
+
+
+def make_robosuite_env(spec: EnvSpec, model_seed: int = MODEL_SEED):
+    """The robosuite env for `spec`, built under `model_seed` (the global RNG is restored after)."""
+    configure_mujoco_gl()
+    import robosuite
+
+    state = np.random.get_state()
+    np.random.seed(model_seed)
+    try:
+        return robosuite.make(spec.env_name, **robosuite_env_kwargs(spec))
+    finally:
+        np.random.set_state(state)
+
+
 class RobosuiteEnv(SimEnv):
     """Gym-like single env. `step` returns (obs, reward, terminated, truncated, success)."""
 
     def __init__(self, spec: EnvSpec, env_index: int = 0):
         if spec.env_name not in ROBOSUITE_TASKS:
             raise ValueError(f"unknown robosuite task {spec.env_name!r}; choose one of {ROBOSUITE_TASKS}")
-        configure_mujoco_gl()
-        import robosuite
-
         self.spec = spec
         self.task_id = 0
         self.instruction = spec.env_name
         self.env_kwargs = robosuite_env_kwargs(spec)
-        self.env = robosuite.make(spec.env_name, **self.env_kwargs)
+        self.env = make_robosuite_env(spec)
         self._t = 0
 
     # -- observations -------------------------------------------------------------------------
@@ -78,16 +94,13 @@ class RobosuiteEnv(SimEnv):
         if seed is not None:
             np.random.seed(seed)  # robosuite 1.4 samples object placements from the global RNG
         raw = self.env.reset()
-        if options and options.get("state") is not None:
-            raw = self.reset_to_state(options["state"])
         self._t = 0
+        options = options or {}
+        if options.get("state") is not None:  # a dataset's `states` entry
+            raw = self.set_sim_state(options["state"])
+        if options.get("snapshot") is not None:  # a mid-episode `snapshot()`: continues that episode
+            raw = self.restore(options["snapshot"])
         return self._obs(raw)
-
-    def reset_to_state(self, state: np.ndarray) -> dict:
-        """Set the flattened MuJoCo state (as stored in `states` of a dataset) and re-observe."""
-        self.env.sim.set_state_from_flattened(np.asarray(state))
-        self.env.sim.forward()
-        return self.env._get_observations(force_update=True)
 
     def _success(self) -> bool:
         return bool(self.env._check_success())

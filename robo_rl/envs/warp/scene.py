@@ -13,14 +13,8 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
-from robo_rl.envs.robosuite import robosuite_env_kwargs
+from robo_rl.envs.robosuite import MODEL_SEED, make_robosuite_env  # noqa: F401 (the Warp env's scene)
 from robo_rl.envs.spec import EnvSpec
-from robo_rl.utils.rendering import configure_mujoco_gl
-
-# robosuite draws the Lift cube's size (and other model details) from numpy's global RNG while it builds
-# the MJCF; building under a fixed seed makes the scene reproducible (and comparable to a RobosuiteEnv
-# built under the same seed).
-MODEL_SEED = 0
 
 # robosuite.utils.control_utils.nullspace_torques(joint_kp=10), critically damped.
 NULLSPACE_KP = 10.0
@@ -39,19 +33,6 @@ def configure_warp() -> None:
     wp.config.kernel_cache_dir = str(cache)
     wp.config.quiet = True
     wp.init()
-
-
-def make_robosuite_env(spec: EnvSpec, model_seed: int = MODEL_SEED):
-    """The robosuite env a `RobosuiteEnv(spec)` would hold, built under `model_seed` (global RNG restored)."""
-    configure_mujoco_gl()
-    import robosuite
-
-    state = np.random.get_state()
-    np.random.seed(model_seed)
-    try:
-        return robosuite.make(spec.env_name, **robosuite_env_kwargs(spec))
-    finally:
-        np.random.set_state(state)
 
 
 @dataclass(frozen=True)
