@@ -1,6 +1,9 @@
 """Evaluate a policy: `python scripts/evaluate.py task=lift policy=scripted episodes=5 hydra.run.dir=DIR`.
 
-Writes DIR/eval.json (success_rate, per-task success, returns, lengths) and DIR/videos/*.mp4.
+Writes DIR/eval.json (success_rate and its 95% interval, per-task success, per-episode returns, lengths)
+and DIR/videos/*.mp4. `checkpoint=DIR compare=[none,best_of_n,qwm] episodes=200` compares actors of a
+trained agent on paired episodes instead: eval.json then holds `actors` (one such summary each),
+`gains` / `search_gain` (paired differences vs `none` with t intervals), and a table is printed.
 """
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -11,7 +14,8 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> None:
     from robo_rl.eval.runner import run_evaluation
 
-    run_evaluation(cfg, HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_evaluation(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task))
 
 
 if __name__ == "__main__":

@@ -74,3 +74,16 @@ def test_chunks_execute_open_loop_and_replan_when_used_up_or_reset(search):
     step = actor.act(obs(2))
     assert torch.equal(step[0], chunks[0, 1]) and torch.equal(step[1], actor._chunks[1, 0])
     assert not torch.equal(actor._chunks[1], chunks[1])
+
+
+def test_chunk_state_is_kept_per_env_of_the_vec_env():
+    agent = small_agent(action_horizon=3)
+    actor = AgentActor(agent)
+    first = actor.act(obs(2), env_ids=[3, 1])  # rows are envs 3 and 1: state grows to envs 0..3
+    assert actor._chunks.shape == (4, 3, 3) and torch.equal(first, actor._chunks[[3, 1], 0])
+    chunks = actor._chunks.clone()
+    assert torch.equal(actor.act(obs(1), env_ids=[1]), chunks[[1], 1])  # env 1 alone: env 3 does not advance
+    actor.reset([3])
+    step = actor.act(obs(2), env_ids=[1, 3])
+    assert torch.equal(step[0], chunks[1, 2]) and torch.equal(step[1], actor._chunks[3, 0])
+    assert not torch.equal(actor._chunks[3], chunks[3]) and actor._next.tolist() == [3, 3, 3, 1]

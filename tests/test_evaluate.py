@@ -1,10 +1,18 @@
-"""scripts/evaluate.py end to end: eval.json and a playable mp4."""
+"""scripts/evaluate.py end to end: eval.json and a playable mp4; paired episodes across actors."""
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import imageio.v2 as imageio
+import pytest
+from omegaconf import OmegaConf
+
+from robo_rl.envs.vector import VecEnv
+from robo_rl.eval.policies import RandomPolicy
+from robo_rl.eval.rollout import evaluate_actors
+from robo_rl.eval.runner import compare_actors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,13 +29,16 @@ def run_script(script: str, *overrides: str, timeout: int = 600) -> str:
 def test_evaluate_scripted_lift_writes_json_and_video(tmp_path):
     run_script("evaluate.py", "task=lift", "policy=scripted", "episodes=3", "videos=1", f"hydra.run.dir={tmp_path}")
     result = json.loads((tmp_path / "eval.json").read_text())
-    assert result["num_episodes"] == 3 and len(result["episodes"]) == 3
+    assert result["num_episodes"] == result["episodes"] == 3 and len(result["per_episode"]) == 3
     assert result["success_rate"] >= 2 / 3
+    lo, hi = result["success_ci"]
+    assert 0.0 <= lo <= result["success_rate"] <= hi <= 1.0 and hi - lo > 0.3  # 3 episodes: a wide interval
     assert set(result["per_task"]) == {"0"}
     videos = sorted((tmp_path / "videos").glob("*.mp4"))
     assert len(videos) == 1
     frames = [f for f in imageio.get_reader(videos[0], format="FFMPEG")]  # list() trips on len=inf
-    assert len(frames) == result["episodes"][0]["length"]
+    assert videos[0].name.startswith("policy_episode000_task0_")
+    assert len(frames) == result["per_episode"][0]["length"]
     assert frames[0].shape == (128, 256, 3)  # agentview | wrist side by side
     assert frames[0].std() > 10  # a rendered scene, not a blank frame
 
@@ -43,3 +54,26 @@ def test_libero_10_config_means_the_ten_tasks():
     out = run_script("evaluate.py", "--cfg", "job", "task=libero_10")
     assert "env_name: libero_10" in out and "task_ids:\n  - 0" in out.replace("  task_ids", "task_ids")
     assert "modality: image" in out
+
+
+def test_actors_share_each_episodes_initial_state(lift_spec):
+    spec = dataclasses.replace(lift_spec, horizon=8)
+    actors = {"none": RandomPolicy(2, 7, seed=1), "other": RandomPolicy(2, 7, seed=2)}
+    with VecEnv(spec, 2, workers="sync", autoreset=False) as env:
+        result = evaluate_actors(env, actors, episodes=4, seed=5, progress=False)
+    runs = {name: r["per_episode"] for name, r in result["actors"].items()}
+    assert [e["index"] for e in runs["none"]] == [e["index"] for e in runs["other"]] == [0, 1, 2, 3]
+    assert [e["seed"] for e in runs["none"]] == [e["seed"] for e in runs["other"]] == [5, 6, 7, 8]
+    digests = [e["init_digest"] for e in runs["none"]]
+    assert digests == [e["init_digest"] for e in runs["other"]]  # episode i starts from one state for both
+    assert len(set(digests)) == 4  # and each episode from its own
+    for r in result["actors"].values():
+        assert r["episodes"] == 4 and r["mean_length"] == 8 and r["ms_per_decision"] > 0
+        assert r["success_rate"] == 0.0 and r["success_ci"][0] == 0.0 < r["success_ci"][1]
+    assert result["gains"]["other"] == {"mean": 0.0, "ci_low": 0.0, "ci_high": 0.0, "episodes": 4}
+    assert "search_gain" not in result  # no "qwm" actor
+
+
+def test_unknown_compare_actor_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"\['beam'\].*valid actors: \['none', 'best_of_n', 'qwm'\]"):
+        compare_actors(OmegaConf.create({"planner": {"name": "none"}}), {}, ["none", "beam"])

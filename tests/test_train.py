@@ -38,7 +38,14 @@ def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
     result = json.loads((run_dir / "eval.json").read_text())
     for key in ("success_rate", "success_rate_no_search", "offline_success_rate", "episodes"):
         assert key in result
-    assert 0.0 <= result["success_rate"] <= 1.0
+    # One pass of paired episodes with search (top level) and without.
+    assert set(result["actors"]) == {"qwm", "none"} and result["episodes"] == result["search_gain"]["episodes"]
+    for rate, (lo, hi) in ((result["success_rate"], result["success_ci"]),
+                           (result["success_rate_no_search"], result["success_ci_no_search"])):
+        assert 0.0 <= lo <= rate <= hi <= 1.0
+    gain = result["search_gain"]
+    assert gain["mean"] == pytest.approx(result["success_rate"] - result["success_rate_no_search"])
+    assert gain["ci_low"] <= gain["mean"] <= gain["ci_high"]
     assert sorted((run_dir / "checkpoints").glob("step_*.pt")), "no checkpoint written"
     assert list((run_dir / "videos").rglob("*.mp4")), "no evaluation video"
     # Only real transitions are learned from: the online buffer holds exactly the env steps taken.
@@ -71,6 +78,24 @@ def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):
         result = json.loads((out_dir / "eval.json").read_text())
         assert result["planner"] == planner and result["num_episodes"] == 2
         assert result["policy"] == str(lift_run)
+
+
+def test_evaluate_compares_actors_on_paired_episodes(lift_run, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"checkpoint={lift_run}",
+                           "compare=[none,best_of_n,qwm]", "episodes=4", "videos=0", "task.horizon=30",
+                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "gain vs none [CI]" in proc.stdout and "best_of_n" in proc.stdout  # the table
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert list(result["actors"]) == ["none", "best_of_n", "qwm"]
+    assert result["episodes"] == 4 and result["checkpoint"] == str(lift_run) and result["task"] == "lift"
+    for r in result["actors"].values():
+        lo, hi = r["success_ci"]
+        assert r["episodes"] == 4 and 0.0 <= lo <= r["success_rate"] <= hi <= 1.0 and r["ms_per_decision"] > 0
+        assert r["mean_length"] <= 30
+    assert result["search_gain"]["episodes"] == 4 and set(result["gains"]) == {"best_of_n", "qwm"}
+    digests = {name: [e["init_digest"] for e in r["per_episode"]] for name, r in result["actors"].items()}
+    assert digests["none"] == digests["best_of_n"] == digests["qwm"] and len(set(digests["none"])) == 4
 
 
 def test_action_chunks_train_and_act_end_to_end(tmp_path):

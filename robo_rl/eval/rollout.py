@@ -1,11 +1,18 @@
-"""Evaluation rollouts: N episodes of a policy over a VecEnv, success table, videos.
+"""Evaluation rollouts: N episodes of one or several actors over a VecEnv, success table, videos.
 
 Episodes are jobs (task, init-state index, seed) handed to whichever env is free, so B envs stay
 busy until the last job; envs whose job queue is empty stop stepping. For LIBERO suites each task
 gets `episodes // n_tasks` (at least 1) episodes starting from its fixed initial states.
+
+Several actors are compared on paired episodes in one pass: episode i is the same job (task, init
+state, seed + i) for every actor, and its record holds `init_digest` (a hash of its first
+observation) to check that. Jobs run episode-major (episode 0 of every actor, then episode 1, ...)
+and each step calls every actor once, on the observations of its own envs.
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,34 +23,57 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from robo_rl.eval.stats import paired_difference, success_ci
 from robo_rl.eval.video import annotate, write_mp4
 
 
 class Policy(Protocol):
-    def act(self, obs: dict[str, torch.Tensor]) -> torch.Tensor | np.ndarray:  # [B, ...] -> [B, A]
+    """obs [n, ...] of the envs `env_ids` -> actions [n, A]. Policies whose `act` has no env_ids
+    (random, scripted experts: state per batch row) get every env's obs [B, ...] and answer [B, A]."""
+
+    def act(self, obs: dict[str, torch.Tensor], env_ids: list[int] | None = None) -> torch.Tensor | np.ndarray:
         ...
 
 
 @dataclass
 class _Job:
+    actor: str
     index: int
     task_id: int
     init_state_id: int | None
     seed: int
     record: bool
+    init_digest: str = ""
     ret: float = 0.0
     length: int = 0
     success: bool = False
     frames: list = field(default_factory=list)
 
 
-def _jobs(task_ids, episodes: int, seed: int, use_init_states: bool, num_videos: int) -> list[_Job]:
+def _jobs(actors: list[str], task_ids, episodes: int, seed: int, use_init_states: bool,
+          num_videos: int) -> list[_Job]:
     per_task = max(1, episodes // len(task_ids)) if use_init_states else None
     if per_task is None:
         pairs = [(task_ids[i % len(task_ids)], None) for i in range(episodes)]
     else:
         pairs = [(t, j) for t in task_ids for j in range(per_task)]
-    return [_Job(i, t, s, seed + i, i < num_videos) for i, (t, s) in enumerate(pairs)]
+    return [_Job(a, i, t, s, seed + i, i < num_videos) for i, (t, s) in enumerate(pairs) for a in actors]
+
+
+def init_digest(obs: dict[str, torch.Tensor], row: int) -> str:
+    """Short sha1 of env `row`'s observation: float32 (floats) or raw (integers) bytes of each key, sorted."""
+    digest = hashlib.sha1()
+    for key in sorted(obs):
+        x = obs[key][row].numpy()
+        digest.update(np.ascontiguousarray(x.astype(np.float32) if x.dtype.kind == "f" else x).tobytes())
+    return digest.hexdigest()[:12]
+
+
+def _act(policy: Policy, obs: dict[str, torch.Tensor], env_ids: list[int]) -> np.ndarray:
+    """Actions [n, A] of `policy` for the envs env_ids, from the obs of all envs [B, ...]."""
+    if "env_ids" in inspect.signature(policy.act).parameters:
+        return np.asarray(policy.act({k: v[env_ids] for k, v in obs.items()}, env_ids=env_ids))
+    return np.asarray(policy.act(obs))[env_ids]
 
 
 def evaluate(
@@ -56,16 +86,36 @@ def evaluate(
     wrist_video: bool = False,
     progress: bool = True,
 ) -> dict:
-    """Run `episodes` episodes; return the eval.json dict. `env` must not auto-reset.
+    """One policy (named "policy" in video names): its evaluate_actors summary plus "wall_s"."""
+    result = evaluate_actors(env, {"policy": policy}, episodes, seed, video_dir, num_videos, wrist_video, progress)
+    return {**result["actors"]["policy"], "wall_s": result["wall_s"]}
 
-    Returns {"success_rate", "num_episodes", "mean_return", "mean_length", "per_task": {task: rate},
-    "episodes": [{task_id, init_state_id, seed, return, length, success}], "videos": [...], "wall_s"}.
+
+def evaluate_actors(
+    env,
+    actors: dict[str, Policy],
+    episodes: int,
+    seed: int = 0,
+    video_dir: str | Path | None = None,
+    num_videos: int = 2,
+    wrist_video: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Run `episodes` paired episodes of every actor in one pass over `env` (which must not auto-reset).
+
+    Returns {"actors": {name: summary}, "gains": {name: paired_difference(name, "none")} and
+    "search_gain" (= gains["qwm"]) when a "none" actor and at least 2 episodes allow them, "wall_s"}.
+    A summary is {"success_rate", "success_ci": [lo, hi] (Wilson 95%), "episodes" (= "num_episodes"),
+    "mean_return", "mean_length", "per_task": {task: rate}, "ms_per_decision" (wall time in `act` per
+    env decision), "per_episode": [{index, task_id, init_state_id, seed, init_digest, return, length,
+    success}], "videos": [the first num_videos episodes, e.g. qwm_episode000_task0_success.mp4]}.
     """
     spec = env.spec
     use_init_states = spec.suite == "libero"
-    jobs = _jobs(list(spec.task_ids), episodes, seed, use_init_states, num_videos if video_dir else 0)
+    jobs = _jobs(list(actors), list(spec.task_ids), episodes, seed, use_init_states, num_videos if video_dir else 0)
     queue, running, done = list(jobs), [None] * env.num_envs, []
     current_task = [spec.task_ids[i % len(spec.task_ids)] for i in range(env.num_envs)]
+    act_s, decisions = dict.fromkeys(actors, 0.0), dict.fromkeys(actors, 0)
 
     def assign(env_ids: list[int], reset_idle: bool = False) -> dict:
         """Give each env in env_ids its next job (preferring its current task: no scene rebuild).
@@ -81,19 +131,28 @@ def evaluate(
         idle = [i for i in env_ids if running[i] is None] if reset_idle else []
         if not starts and not idle:
             return obs
-        if hasattr(policy, "reset"):
-            policy.reset(starts)
+        for name, policy in actors.items():
+            if (ids := [i for i in starts if running[i].actor == name]) and hasattr(policy, "reset"):
+                policy.reset(ids)
         options = [{"task_id": running[i].task_id, "init_state_id": running[i].init_state_id} for i in starts]
         seeds = [running[i].seed for i in starts] + [None] * len(idle)
-        return env.reset_envs(starts + idle, seed=seeds, options=options + [None] * len(idle))
+        new_obs = env.reset_envs(starts + idle, seed=seeds, options=options + [None] * len(idle))
+        for i in starts:
+            running[i].init_digest = init_digest(new_obs, i)
+        return new_obs
 
     t0 = time.time()
     obs = assign(list(range(env.num_envs)), reset_idle=True)
     bar = tqdm(total=len(jobs), desc="eval", disable=not progress, leave=False)
     while any(j is not None for j in running):
-        active = np.array([j is not None for j in running])
-        actions = policy.act(obs)
-        result = env.step(actions, active=active)
+        actions = np.zeros((env.num_envs, env.action_dim), np.float32)
+        for name, policy in actors.items():
+            if ids := [i for i, j in enumerate(running) if j is not None and j.actor == name]:
+                t = time.perf_counter()
+                actions[ids] = _act(policy, obs, ids)
+                act_s[name] += time.perf_counter() - t
+                decisions[name] += len(ids)
+        result = env.step(actions, active=np.array([j is not None for j in running]))
         obs = result.obs
         if any(j is not None and j.record for j in running):
             _record_frames(env, running, result, wrist_video)
@@ -108,11 +167,18 @@ def evaluate(
                 done.append(job)
                 finished.append(i)
                 bar.update(1)
-                bar.set_postfix(success=f"{np.mean([j.success for j in done]):.2f}")
+                bar.set_postfix({a: f"{np.mean([j.success for j in done if j.actor == a] or [0]):.2f}" for a in actors})
         if finished:
             obs = assign(finished)
     bar.close()
-    return _summary(sorted(done, key=lambda j: j.index), video_dir, time.time() - t0)
+    by_actor = {a: sorted((j for j in done if j.actor == a), key=lambda j: j.index) for a in actors}
+    out = {"actors": {a: _summary(by_actor[a], video_dir, 1000 * act_s[a] / decisions[a]) for a in actors}}
+    if "none" in actors and len(by_actor["none"]) >= 2:
+        base = [j.success for j in by_actor["none"]]
+        out["gains"] = {a: paired_difference([j.success for j in by_actor[a]], base) for a in actors if a != "none"}
+        if "qwm" in out["gains"]:
+            out["search_gain"] = out["gains"]["qwm"]
+    return {**out, "wall_s": time.time() - t0}
 
 
 def _record_frames(env, running, result, wrist_video: bool) -> None:
@@ -126,26 +192,29 @@ def _record_frames(env, running, result, wrist_video: bool) -> None:
         job.frames.append(annotate(frame, text, job.success or bool(result.success[i])))
 
 
-def _summary(jobs: list[_Job], video_dir, wall_s: float) -> dict:
+def _summary(jobs: list[_Job], video_dir, ms_per_decision: float) -> dict:
     per_task = defaultdict(list)
     for j in jobs:
         per_task[j.task_id].append(j.success)
     videos = []
     for j in jobs:
         if j.record and j.frames:
-            name = f"episode{j.index:03d}_task{j.task_id}_{'success' if j.success else 'fail'}.mp4"
+            name = f"{j.actor}_episode{j.index:03d}_task{j.task_id}_{'success' if j.success else 'fail'}.mp4"
             videos.append(str(write_mp4(Path(video_dir) / name, j.frames)))
+    successes = [j.success for j in jobs]
     return {
-        "success_rate": float(np.mean([j.success for j in jobs])),
+        "success_rate": float(np.mean(successes)),
+        "success_ci": list(success_ci(successes)),
+        "episodes": len(jobs),
         "num_episodes": len(jobs),
         "mean_return": float(np.mean([j.ret for j in jobs])),
         "mean_length": float(np.mean([j.length for j in jobs])),
         "per_task": {str(t): float(np.mean(s)) for t, s in sorted(per_task.items())},
-        "episodes": [
-            {"task_id": j.task_id, "init_state_id": j.init_state_id, "seed": j.seed,
-             "return": j.ret, "length": j.length, "success": j.success}
+        "ms_per_decision": ms_per_decision,
+        "per_episode": [
+            {"index": j.index, "task_id": j.task_id, "init_state_id": j.init_state_id, "seed": j.seed,
+             "init_digest": j.init_digest, "return": j.ret, "length": j.length, "success": j.success}
             for j in jobs
         ],
         "videos": videos,
-        "wall_s": wall_s,
     }

@@ -23,7 +23,9 @@ class AgentActor:
 
     With action chunks (agent.config.action_horizon = h > 1) each env executes its chunk open loop:
     a new chunk is planned for an env only when its last one is used up or `reset()` says its
-    episode restarted. Env loops call `reset(env_ids)` whenever episodes start.
+    episode restarted. Env loops call `reset(env_ids)` whenever episodes start. Chunk state is kept
+    per env of the VecEnv: `act(obs, env_ids)` may be given the rows of some envs only (evaluation
+    runs several actors over one VecEnv, each on its own envs).
     """
 
     def __init__(self, agent, planner: QWMPlanner | None = None, sample_steps: int | None = None,
@@ -34,8 +36,8 @@ class AgentActor:
         self.param_noise_std, self.num_groups = param_noise_std, num_groups
         self.generator = torch.Generator(device=agent.device).manual_seed(seed)
         self.horizon = agent.config.action_horizon
-        self._chunks: torch.Tensor | None = None  # [B, h, A]: the chunk each env is executing
-        self._next: torch.Tensor | None = None  # [B]: index of its next action; h = used up
+        self._chunks = torch.zeros(0, self.horizon, agent.action_dim)  # [E, h, A]: the chunk env e executes
+        self._next = torch.zeros(0, dtype=torch.long)  # [E]: index of its next action; h = used up
         self._noisy_policies = None
         if param_noise_std > 0:
             self._noisy_policies = [copy.deepcopy(agent.policy).requires_grad_(False) for _ in range(num_groups)]
@@ -50,24 +52,23 @@ class AgentActor:
 
     def reset(self, env_ids) -> None:
         """Episodes (re)start in `env_ids`: their next `act` plans afresh instead of finishing a chunk."""
-        if self._next is not None:
-            self._next[list(env_ids)] = self.horizon
+        self._next[[i for i in env_ids if i < len(self._next)]] = self.horizon  # unseen envs start fresh
 
     @torch.no_grad()
-    def act(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """obs dict [B, ...] -> actions [B, A] for this step (CPU)."""
-        batch = next(iter(obs.values())).shape[0]
+    def act(self, obs: dict[str, torch.Tensor], env_ids: list[int] | None = None) -> torch.Tensor:
+        """obs dict [n, ...] of the envs `env_ids` (default 0..n-1) -> their actions [n, A] this step (CPU)."""
+        ids = torch.arange(next(iter(obs.values())).shape[0]) if env_ids is None else torch.as_tensor(env_ids)
         if self.horizon == 1:
-            return self._plan(obs, torch.arange(batch))
-        if self._next is None or self._next.shape[0] != batch:
-            self._chunks = torch.zeros(batch, self.horizon, self.agent.action_dim)
-            self._next = torch.full((batch,), self.horizon)
-        stale = torch.nonzero(self._next >= self.horizon).squeeze(1)
+            return self._plan(obs, ids)
+        if (extra := int(ids.max()) + 1 - len(self._next)) > 0:  # first sight of these envs: no chunk yet
+            self._chunks = torch.cat([self._chunks, torch.zeros(extra, self.horizon, self.agent.action_dim)])
+            self._next = torch.cat([self._next, torch.full((extra,), self.horizon)])
+        stale = torch.nonzero(self._next[ids] >= self.horizon).squeeze(1)  # rows of obs
         if len(stale):
-            self._chunks[stale] = self._plan({k: v[stale] for k, v in obs.items()}, stale)
-            self._next[stale] = 0
-        actions = self._chunks[torch.arange(batch), self._next]
-        self._next += 1
+            self._chunks[ids[stale]] = self._plan({k: v[stale] for k, v in obs.items()}, ids[stale])
+            self._next[ids[stale]] = 0
+        actions = self._chunks[ids, self._next[ids]]
+        self._next[ids] += 1
         return actions
 
     def _plan(self, obs: dict[str, torch.Tensor], env_ids: torch.Tensor) -> torch.Tensor:

@@ -48,15 +48,21 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
     return torch.load(found, map_location=device, weights_only=False)
 
 
-def actor_from_checkpoint(state: dict, cfg):
-    """Rebuild the trained agent of a checkpoint and wrap it for acting as `cfg` says (planner,
-    agent.sample_steps, agent.best_of_n); the architecture comes from the checkpoint's own config."""
+def agent_from_checkpoint(state: dict, device: str | torch.device = "cpu"):
+    """The trained SORLAgent of a checkpoint: architecture from the checkpoint's own config, then its weights."""
     from omegaconf import OmegaConf
 
     from robo_rl.agents.sorl import SORLAgent
-    from robo_rl.train.common import ACTION_DIM, agent_config, make_actor
+    from robo_rl.train.common import ACTION_DIM, agent_config
 
     trained = OmegaConf.create(state["config"])
-    agent = SORLAgent(state["obs_shapes"], ACTION_DIM, state["num_tasks"], agent_config(trained.agent), cfg.device)
+    agent = SORLAgent(state["obs_shapes"], ACTION_DIM, state["num_tasks"], agent_config(trained.agent), device)
     agent.load_state_dict(state["agent"])
-    return make_actor(cfg, agent, search=cfg.planner.name != "none")
+    return agent
+
+
+def actor_from_checkpoint(state: dict, cfg):
+    """The checkpoint's agent wrapped for acting as `cfg` says (planner, agent.sample_steps, agent.best_of_n)."""
+    from robo_rl.train.common import make_actor
+
+    return make_actor(cfg, agent_from_checkpoint(state, cfg.device), cfg.planner)

@@ -16,7 +16,7 @@ from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.data.hdf5 import Episode, read_hdf5, write_robomimic
 from robo_rl.envs import env_spec, make_vec_env
 from robo_rl.envs.spec import EnvSpec
-from robo_rl.eval.rollout import evaluate
+from robo_rl.eval.rollout import evaluate_actors
 from robo_rl.nets.encoders import EncoderConfig
 from robo_rl.planning.actor import AgentActor
 from robo_rl.planning.qwm import QWMConfig, QWMPlanner
@@ -119,8 +119,9 @@ def build_agent(cfg: DictConfig, shapes: dict, num_tasks: int) -> SORLAgent:
     return SORLAgent(shapes, ACTION_DIM, num_tasks, agent_config(cfg.agent, cfg.compile), device=cfg.device)
 
 
-def build_planner(planner_cfg: DictConfig) -> QWMPlanner | None:
-    if planner_cfg.name == "none":
+def build_planner(planner_cfg: DictConfig | None) -> QWMPlanner | None:
+    """The search a `planner` group config describes; None for no config or `name: none`."""
+    if planner_cfg is None or planner_cfg.name == "none":
         return None
     raw = OmegaConf.to_container(planner_cfg, resolve=True)
     raw.pop("name")
@@ -137,12 +138,14 @@ def build_buffer(cfg: DictConfig, shapes: dict, episodes: list[Episode]) -> Repl
     return buffer
 
 
-def make_actor(cfg: DictConfig, agent: SORLAgent, search: bool, **kwargs) -> AgentActor:
-    planner = build_planner(cfg.planner) if search else None
+def make_actor(cfg: DictConfig, agent: SORLAgent, planner_cfg: DictConfig | None, **kwargs) -> AgentActor:
+    """`agent` acting through the search `planner_cfg` describes (None: the policy alone); kwargs
+    override the AgentActor settings taken from cfg (agent.sample_steps, agent.best_of_n, seed)."""
+    planner = build_planner(planner_cfg)
     if planner is not None and agent.world_model is None:
         raise ValueError("planner=qwm needs an agent with a world model (agent.world_model=true)")
-    return AgentActor(agent, planner, sample_steps=cfg.agent.sample_steps, best_of_n=cfg.agent.best_of_n,
-                      seed=cfg.seed, **kwargs)
+    settings = {"sample_steps": cfg.agent.sample_steps, "best_of_n": cfg.agent.best_of_n, "seed": cfg.seed}
+    return AgentActor(agent, planner, **{**settings, **kwargs})
 
 
 def gradient_step(cfg: DictConfig, agent: SORLAgent, buffer: ReplayBuffer) -> dict[str, float]:
@@ -163,16 +166,22 @@ def gradient_step(cfg: DictConfig, agent: SORLAgent, buffer: ReplayBuffer) -> di
 
 
 # -- evaluation --------------------------------------------------------------------------------
-def evaluate_agent(cfg: DictConfig, agent: SORLAgent, run_dir: Path, tag: str, search: bool,
+def evaluate_agent(cfg: DictConfig, agent: SORLAgent, run_dir: Path, tag: str, actors: list[str],
                    episodes: int, videos: int) -> dict:
-    """Evaluation episodes of the current agent (with or without QWM search); videos under run_dir/videos/tag."""
+    """Paired evaluation episodes of the current agent as each of `actors` ("none": the policy alone;
+    cfg.planner.name, e.g. "qwm": through the search) in one pass; videos under run_dir/videos/tag.
+    Returns evaluate_actors' dict."""
+    planners = {"none": None, cfg.planner.name: cfg.planner}
     env = make_vec_env(cfg, render=videos > 0, autoreset=False)
     try:
-        result = evaluate(env, make_actor(cfg, agent, search), episodes, seed=10_000 + cfg.seed,
-                          video_dir=run_dir / "videos" / tag, num_videos=videos, wrist_video=True)
+        result = evaluate_actors(env, {a: make_actor(cfg, agent, planners[a]) for a in actors}, episodes,
+                                 seed=10_000 + cfg.seed, video_dir=run_dir / "videos" / tag, num_videos=videos,
+                                 wrist_video=True)
     finally:
         env.close()
-    print(f"[eval] {tag}: success {result['success_rate']:.2f} over {result['num_episodes']} episodes")
+    for name, r in result["actors"].items():
+        lo, hi = r["success_ci"]
+        print(f"[eval] {tag} {name}: success {r['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] over {r['episodes']} episodes")
     return result
 
 

@@ -77,30 +77,35 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
 
         result: dict = {}
         search = cfg.planner.name != "none"
+        policy = cfg.planner.name if search else "none"  # the actor that trains (and is evaluated first)
 
-        def evaluate(tag: str, with_search: bool, videos: int = 0) -> dict:
-            return evaluate_agent(cfg, agent, run_dir, tag, with_search, cfg.budget.eval_episodes, videos)
+        def evaluate(tag: str, actors: list[str], videos: int = 0) -> dict:
+            return evaluate_agent(cfg, agent, run_dir, tag, actors, cfg.budget.eval_episodes, videos)
 
         if online:
             # The offline start, evaluated once (a resumed run reads it back): what fine-tuning must beat.
             offline_eval_path = run_dir / "offline_eval.json"
             if buffer.num_offline and not offline_eval_path.exists():
-                write_json(offline_eval_path, evaluate("offline", False))
+                write_json(offline_eval_path, evaluate("offline", ["none"])["actors"]["none"])
             if offline_eval_path.exists():
                 result["offline_success_rate"] = json.loads(offline_eval_path.read_text())["success_rate"]
                 logger.log({"eval/offline_success_rate": result["offline_success_rate"]}, offline_step)
             noise = cfg.param_noise_std if cfg.explore == "param_noise" else 0.0
-            actor = make_actor(cfg, agent, search, param_noise_std=noise, num_groups=min(2, env.num_envs))
+            actor = make_actor(cfg, agent, cfg.planner, param_noise_std=noise, num_groups=min(2, env.num_envs))
             finetune(cfg, agent, buffer, env, actor, env_steps, logger, checkpoint("online"),
-                     periodic_eval=lambda steps: {"success_rate": evaluate(f"step{steps}", search)["success_rate"]})
+                     periodic_eval=lambda s: {"success_rate": evaluate(f"step{s}", [policy])["actors"][policy]["success_rate"]})
     finally:
         if env is not None:
             env.close()
 
-    final = evaluate("final" if search else "final_no_search", search, videos=2)
+    # One pass of paired episodes: with search (when on) and without; eval.json's top level is the first.
+    final = evaluate("final", [policy, "none"] if search else ["none"], videos=2)
     if search:
-        result["success_rate_no_search"] = evaluate("final_no_search", False)["success_rate"]
-    result = {**final, **result, "task": cfg.task.name, "planner": cfg.planner.name,
+        none = final["actors"]["none"]
+        result.update(success_rate_no_search=none["success_rate"], success_ci_no_search=none["success_ci"],
+                      search_gain=final.get("search_gain"))  # None below 2 episodes: no t interval
+    result = {**final["actors"][policy], **result, "actors": final["actors"], "task": cfg.task.name,
+              "planner": cfg.planner.name,
               "offline_steps": cfg.budget.offline_steps, "online_env_steps": cfg.budget.online_steps if online else 0,
               "num_online_transitions": buffer.num_online, "train_wall_s": time.time() - t_start}
     write_json(run_dir / "eval.json", result)
