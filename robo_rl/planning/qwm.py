@@ -30,6 +30,16 @@ TD(λ) weights longer returns. The beam only chooses which nodes to look at deep
 node of a depth enters its mean. (Nodes below the first depth descend from the best-ranked ones, a
 mild optimism that J > 1 softens.)
 
+What limits it, measured (Can, budget=cpu, seed 0; `benchmarks/search_oracle.py` and paired
+`scripts/evaluate.py ... compare=[none,best_of_n,qwm]`, 50 episodes each): a state's 8 candidates
+score within ~1% of each other (critic std across candidates 0.0076 at |Q| ≈ 0.52) and the scores'
+rank correlation with the candidates' simulator-measured returns is ≈ 0.1; the critic's argmax sits
+~1 std away from the candidates' mean, in the same directions from state to state (e.g. −0.4 std in
+y, z and one rotation), so picking it at every step drifts the arm. Best-of-8 lost 0.20–0.28 to
+the policy's own sample, QWM 0.04–0.24. Neither fp32 instead of bf16 (bf16 flips the argmax of
+the 8 Q values half the time, but fp32 search lost as much) nor keeping the policy's sample unless a
+rival leads by 1% of |score| (a third of the decisions still switched; −0.24) changed that.
+
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
 termination head multiplies later terms by the probability that the imagined episode is still
