@@ -58,7 +58,7 @@ def raw_mj_step_rate(spec: EnvSpec, steps: int, max_seconds: float) -> float:
     """`mujoco.mj_step` on the task's compiled model; random torques held for 25 substeps."""
     import mujoco
 
-    from robo_rl.envs.warp.scene import make_robosuite_env
+    from robo_rl.envs.robosuite import make_robosuite_env
 
     env = make_robosuite_env(spec)
     model, substeps = env.sim.model._model, int(round(env.control_timestep / env.model_timestep))

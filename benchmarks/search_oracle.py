@@ -39,17 +39,12 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from robo_rl.envs import make_vec_env
+from robo_rl.envs.vector import stack_obs
 from robo_rl.eval.oracle import action_values, visit_states
+from robo_rl.eval.runner import qwm_planner_config
 from robo_rl.planning.actor import AgentActor
 from robo_rl.train.checkpoint import agent_from_checkpoint, load_checkpoint
 from robo_rl.train.common import build_planner
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def stack_obs(obs_list: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(np.stack([o[k] for o in obs_list])) for k in obs_list[0]}
-
 
 def mean_spearman(scores: np.ndarray, truth: np.ndarray) -> tuple[float, int]:
     """Mean over states of the rank correlation of scores [S, N] with truth [S, N]; states whose truth
@@ -143,8 +138,7 @@ def main() -> None:
 
     state = load_checkpoint(args.checkpoint)
     cfg = OmegaConf.create(state["config"])
-    planner_cfg = cfg.planner if cfg.planner.name == "qwm" else OmegaConf.load(ROOT / "conf/planner/qwm.yaml")
-    cfg.planner = OmegaConf.merge(planner_cfg, OmegaConf.from_dotlist(args.set))
+    cfg.planner = OmegaConf.merge(qwm_planner_config(cfg.planner), OmegaConf.from_dotlist(args.set))
     planner = build_planner(cfg.planner)
     agent = agent_from_checkpoint(state)
     agent.eval()

@@ -13,22 +13,11 @@ from robo_rl.envs.warp import WarpVecEnv  # first: configures MuJoCo's OpenGL ba
 from robo_rl.data.demos import LiftExpert
 from robo_rl.envs.robosuite import RobosuiteEnv
 from robo_rl.envs.spec import EnvSpec
-from robo_rl.envs.warp.scene import MODEL_SEED
 
 LOW_DIM = {"object": 10, "robot0_eef_pos": 3, "robot0_eef_quat": 4, "robot0_gripper_qpos": 2}
 LIFT = EnvSpec(suite="robosuite", env_name="Lift", low_dim_keys=tuple(LOW_DIM), horizon=50)
 NUM_ENVS = 4
 SEED = 100
-
-
-def robosuite_env(spec: EnvSpec) -> RobosuiteEnv:
-    """A fresh RobosuiteEnv on the scene the Warp env uses (robosuite samples the cube size at build time)."""
-    state = np.random.get_state()
-    np.random.seed(MODEL_SEED)
-    try:
-        return RobosuiteEnv(spec)
-    finally:
-        np.random.set_state(state)
 
 
 def rollout_expert_on_robosuite(env: RobosuiteEnv, seeds: list[int]) -> list[tuple[bool, int]]:
@@ -54,7 +43,7 @@ def env():
 
 @pytest.fixture(scope="module")
 def rs():
-    env = robosuite_env(LIFT)
+    env = RobosuiteEnv(LIFT)
     yield env
     env.close()
 
@@ -114,7 +103,7 @@ def test_trajectory_follows_robosuite_for_50_steps():
     """
     spec = EnvSpec(suite="robosuite", env_name="Lift", low_dim_keys=tuple(LOW_DIM), horizon=1000,
                    terminate_on_success=False)
-    rs, env = robosuite_env(spec), WarpVecEnv(spec, 1, autoreset=False)
+    rs, env = RobosuiteEnv(spec), WarpVecEnv(spec, 1, autoreset=False)
     seed, steps, free_steps = 7, 50, 20
     obs_rs, expert = rs.reset(seed=seed), LiftExpert(1, noise=0.1, seed=seed)
     expert.reset()
@@ -256,7 +245,7 @@ def test_pick_place_can_follows_robosuite():
     observation (can pose in the gripper frame) and the bin success test on a can dropped into the bin."""
     keys = ("object", "robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
     spec = EnvSpec(suite="robosuite", env_name="PickPlaceCan", low_dim_keys=keys, horizon=400)
-    rs, env = robosuite_env(spec), WarpVecEnv(spec, 1, autoreset=False)
+    rs, env = RobosuiteEnv(spec), WarpVecEnv(spec, 1, autoreset=False)
     expected, obs = rs.reset(seed=5), env.reset(seed=5)
     np.testing.assert_allclose(env.get("sim_state")[0], rs.sim_state(), atol=1e-6)
     for key in keys:

@@ -182,7 +182,8 @@ class _ProcessWorker:
         self.kill()
 
 
-def _stack(obs_list: list[dict]) -> Obs:
+def stack_obs(obs_list: list[dict]) -> Obs:
+    """Per-env observation dicts of numpy arrays -> one dict of batched tensors [B, ...]."""
     return {k: torch.from_numpy(np.stack([o[k] for o in obs_list])) for k in obs_list[0]}
 
 
@@ -253,7 +254,7 @@ class VecEnv:
             self._obs = [None] * self.num_envs
         for i, obs in zip(env_ids, results):
             self._obs[i], self._seeds[i] = obs, args[i][0]
-        return _stack(self._obs)
+        return stack_obs(self._obs)
 
     def step(self, actions: torch.Tensor | np.ndarray, active: np.ndarray | None = None) -> StepResult:
         """actions [B, A] in [-1, 1]. Envs with `active[i] == False` are not stepped (reward 0, no flags)."""
@@ -272,12 +273,12 @@ class VecEnv:
             next_obs[i] = obs if final is None else final
             self._obs[i] = obs
         return StepResult(
-            obs=_stack(self._obs),
+            obs=stack_obs(self._obs),
             reward=torch.from_numpy(reward),
             terminated=torch.from_numpy(terminated),
             truncated=torch.from_numpy(truncated),
             success=torch.from_numpy(success),
-            next_obs=_stack(next_obs),
+            next_obs=stack_obs(next_obs),
         )
 
     def render(self, env_ids: list[int] | None = None, camera: str = "agentview", size: int | None = None) -> np.ndarray:

@@ -7,9 +7,8 @@ and discounted return over R rollouts. Scorers (critic best-of-N, QWM's tree val
 judged by the true value of what they pick and by how well their scores rank the candidates
 (`benchmarks/search_oracle.py`).
 
-States are the envs' `snapshot()`s: the MuJoCo state plus what robosuite keeps outside it (the
-gripper's accumulated command, the controller's orientation goal, the episode's step counter, so a
-restored episode still ends at its horizon). `tests/test_oracle.py` checks that a restored snapshot
+States are the envs' `snapshot()`s (`robo_rl/envs/base.py`): the MuJoCo state plus what robosuite
+keeps outside it, the episode's step counter included, so a restored episode still ends at its horizon. `tests/test_oracle.py` checks that a restored snapshot
 replays the original actions to the same trajectory before any value here is trusted.
 """
 from __future__ import annotations

@@ -36,6 +36,12 @@ def make_eval_policy(cfg: DictConfig, num_envs: int, action_dim: int, checkpoint
     raise ValueError(f"unknown policy {cfg.policy!r}; use policy=random, policy=scripted or checkpoint=PATH")
 
 
+def qwm_planner_config(planner_cfg: DictConfig) -> DictConfig:
+    """The QWM search settings to compare or diagnose with: `planner_cfg` itself when it is the qwm planner
+    (with the user's planner.* overrides), else conf/planner/qwm.yaml."""
+    return planner_cfg if planner_cfg.name == "qwm" else OmegaConf.load(PLANNER_CONF / "qwm.yaml")
+
+
 def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[str, Policy]:
     """The checkpoint's agent (rebuilt once) wrapped as each of `names`:
 
@@ -46,7 +52,7 @@ def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[
     from robo_rl.train.checkpoint import agent_from_checkpoint
     from robo_rl.train.common import make_actor
 
-    qwm = cfg.planner if cfg.planner.name == "qwm" else OmegaConf.load(PLANNER_CONF / "qwm.yaml")
+    qwm = qwm_planner_config(cfg.planner)
     planners = {"none": None, "best_of_n": OmegaConf.merge(qwm, {"depth": 0}), "qwm": qwm}
     unknown = [n for n in names if n not in planners]
     if unknown:

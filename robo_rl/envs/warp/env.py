@@ -18,11 +18,12 @@ import numpy as np
 import torch
 import warp as wp
 
+from robo_rl.envs.robosuite import make_robosuite_env
 from robo_rl.envs.spec import EnvSpec, camera_of
 from robo_rl.envs.vector import Obs, StepResult, per_env_seeds
 from robo_rl.envs.warp import osc
 from robo_rl.envs.warp.render import BatchCameraRenderer, FrameRenderer
-from robo_rl.envs.warp.scene import NULLSPACE_KP, RobotConstants, configure_warp, make_robosuite_env, robot_constants
+from robo_rl.envs.warp.scene import NULLSPACE_KP, RobotConstants, configure_warp, robot_constants
 from robo_rl.envs.warp.tasks import TASKS
 
 # Contact/constraint buffers per world. Lift with the cube grasped needs ~47 constraint rows (9 dof

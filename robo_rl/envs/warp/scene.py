@@ -13,8 +13,6 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
-from robo_rl.envs.robosuite import MODEL_SEED, make_robosuite_env  # noqa: F401 (the Warp env's scene)
-from robo_rl.envs.spec import EnvSpec
 
 # robosuite.utils.control_utils.nullspace_torques(joint_kp=10), critically damped.
 NULLSPACE_KP = 10.0
