@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from robo_rl.data.hdf5 import DatasetError, Episode, demo_sort_key, write_robomimic
+from robo_rl.data.hdf5 import DatasetError, Episode, demo_sort_key, nonfinite_count, write_robomimic
 from robo_rl.envs.robosuite import robomimic_obs
 from robo_rl.utils.rendering import configure_mujoco_gl
 
@@ -129,6 +129,9 @@ def _read_raw_demo(group: h5py.Group, path: str, name: str) -> RawDemo:
     if states.ndim != 2 or actions.ndim != 2 or len(states) != len(actions) or len(actions) == 0:
         raise DatasetError(f"{path} [data/{name}]: states {states.shape} and actions {actions.shape} must be "
                            "[T, D] and [T, A] with the same T > 0")
+    for key, values in (("states", states), ("actions", actions)):
+        if count := nonfinite_count(values):  # clipping keeps NaN, and replaying a NaN state yields NaN obs
+            raise DatasetError(f"{path} [data/{name}/{key}]: {count} values; clean or drop this demo")
     model_file = group.attrs.get("model_file")
     if model_file is None:
         raise DatasetError(f"{path} [data/{name}/model_file]: missing attr; the scene XML is needed to replay")

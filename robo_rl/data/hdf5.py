@@ -20,6 +20,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -28,6 +29,12 @@ from robo_rl.envs.spec import is_image_key
 
 # Data-group attrs with a dedicated `Dataset` field; every other attr lands in `Dataset.attrs`.
 _KNOWN_DATA_ATTRS = ("total", "env_args")
+# How far past [-1, 1] a stored action may lie and still count as in range (and be clipped onto it).
+# Round-off of normalized actions (float32: ~1e-7; even float16's half step: ~5e-4) stays below it;
+# actions that were never normalized (raw device deltas, joint targets, scaled x50) overshoot by far
+# more. robosuite's controllers clip their input to [-1, 1], so a clipped action is what the simulator
+# executes.
+ACTION_TOLERANCE = 1e-3
 _DEMO_NAME = re.compile(r"demo_(\d+)$")
 
 
@@ -107,29 +114,12 @@ def read_hdf5(
     filter_key: load only the demos listed under `mask/<filter_key>` (robomimic: `train`, `valid`, ...).
     action_dim: if given, every demo's actions must have this many columns.
     task_id:    task index for demos whose group carries no `task_id` attr (LIBERO: one file per task).
+    NaN/Inf in actions, rewards or low-dim observations, and actions outside [-1, 1], are errors.
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise DatasetError(f"{path}: no such file; see datasets/registry.yaml for where to get it")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot open as HDF5 ({e}); the file is truncated or corrupt, "
-                           "download or convert it again") from e
-    with f:
-        if "data" not in f:
-            raise DatasetError(f"{path}: no `data` group; this is not a robomimic/LIBERO dataset file")
+    with _open(path) as f:
+        fmt, env_args, attrs = _header(f, path)
         data = f["data"]
-        attrs = {k: _attr_value(v) for k, v in data.attrs.items()}
-        fmt = "libero" if "problem_info" in attrs else "robomimic"
-        if "env_args" not in attrs:
-            hint = ("it looks like a raw robosuite demo file: convert it with "
-                    "`python scripts/convert_robosuite.py input=... output=...`") if "env_info" in attrs else \
-                   "write it with robo_rl.data.hdf5.write_robomimic"
-            raise DatasetError(f"{_where(path)}: missing attr `env_args`; {hint}")
-        env_args = json.loads(attrs.pop("env_args"))
-        attrs.pop("total", None)
-
         demos = _demo_names(f, path, filter_key)
         if not demos:
             raise DatasetError(f"{_where(path)}: no demos to read")
@@ -144,7 +134,94 @@ def read_hdf5(
         episodes = [
             _read_episode(data[d], path, d, obs_keys, action_dim, task_id, instruction, flip) for d in demos
         ]
+    _check_values(path, episodes)
     return Dataset(path=path, episodes=episodes, env_args=env_args, format=fmt, attrs=attrs)
+
+
+def dataset_files(dataset: str | os.PathLike) -> list[Path]:
+    """The HDF5 files a dataset argument names: the file itself, or every `*.hdf5` of a folder (sorted)."""
+    path = Path(dataset)
+    if path.is_dir():
+        files = sorted(path.glob("*.hdf5"))
+        if not files:
+            raise DatasetError(f"{path}: folder without .hdf5 files; expected robomimic/LIBERO HDF5 files "
+                               "there (or the path of one file); see datasets/registry.yaml for where to get them")
+        return files
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or folder; expected a robomimic/LIBERO HDF5 file or a folder "
+                           "of them; see datasets/registry.yaml for where to get them")
+    return [path]
+
+
+def read_env_args(path: str | os.PathLike) -> tuple[str, dict]:
+    """(format, env_args) of a dataset file from its `data` attrs alone, without reading any demo:
+    format "robomimic" or "libero"; env_args as robomimic stores it (env_name, type, env_kwargs)."""
+    path = os.fspath(path)
+    with _open(path) as f:
+        fmt, env_args, _ = _header(f, path)
+    return fmt, env_args
+
+
+def _open(path: str) -> h5py.File:
+    if not os.path.exists(path):
+        raise DatasetError(f"{path}: no such file; see datasets/registry.yaml for where to get it")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot open as HDF5 ({e}); the file is truncated or corrupt, "
+                           "download or convert it again") from e
+
+
+def _header(f: h5py.File, path: str) -> tuple[str, dict, dict]:
+    """(format, env_args, other `data` attrs) of an open dataset file."""
+    if "data" not in f:
+        raise DatasetError(f"{path}: no `data` group; this is not a robomimic/LIBERO dataset file")
+    attrs = {k: _attr_value(v) for k, v in f["data"].attrs.items()}
+    if "env_args" not in attrs:
+        hint = ("it looks like a raw robosuite demo file: convert it with "
+                "`python scripts/convert_robosuite.py input=... output=...`") if "env_info" in attrs else \
+               "write it with robo_rl.data.hdf5.write_robomimic"
+        raise DatasetError(f"{_where(path)}: missing attr `env_args`; {hint}")
+    env_args = json.loads(attrs.pop("env_args"))
+    attrs.pop("total", None)
+    return "libero" if "problem_info" in attrs else "robomimic", env_args, attrs
+
+
+def nonfinite_count(values: np.ndarray) -> str:
+    """'' when every value is finite, else how many are not, e.g. '4 NaN' or '1 NaN, 2 Inf'."""
+    if np.isfinite(values).all():
+        return ""
+    counts = {"NaN": int(np.isnan(values).sum()), "Inf": int(np.isinf(values).sum())}
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+
+
+def _check_values(path: str, episodes: list[Episode]) -> None:
+    """Values robo_rl cannot learn from: NaN/Inf anywhere, actions outside [-1, 1].
+
+    Every bad demo is listed, so one message says what to clean. Actions within ACTION_TOLERANCE of
+    the bounds are clipped onto them instead (see there).
+    """
+    nonfinite = {}  # demo -> its non-finite arrays, e.g. ["actions (4 NaN)"]
+    for e in episodes:
+        arrays = {"actions": e.actions, "rewards": e.rewards,
+                  **{f"obs/{k}": v for k, v in e.obs.items() if v.dtype.kind == "f"}}
+        found = [f"{key} ({count})" for key, v in arrays.items() if (count := nonfinite_count(v))]
+        if found:
+            nonfinite[e.name] = found
+    if nonfinite:
+        listed = [f"{name} {item}" for name, items in nonfinite.items() for item in items]
+        raise DatasetError(f"{path}: non-finite values in {len(nonfinite)} of {len(episodes)} demos: "
+                           f"{', '.join(listed[:5])}{', ...' if len(listed) > 5 else ''}; clean or drop those demos")
+    peaks = {e.name: float(np.abs(e.actions).max(initial=0.0)) for e in episodes}
+    outside = [name for name, peak in peaks.items() if peak > 1.0 + ACTION_TOLERANCE]
+    if outside:
+        worst = max(outside, key=peaks.get)
+        raise DatasetError(f"{path}: actions outside [-1, 1] in {len(outside)} of {len(episodes)} demos "
+                           f"(max |a| = {peaks[worst]:.4g} in {worst}); robo_rl expects normalized delta actions "
+                           "in [-1, 1] (the robomimic/LIBERO convention): rescale them, or convert raw robosuite "
+                           "demos with scripts/convert_robosuite.py")
+    for e in episodes:
+        np.clip(e.actions, -1.0, 1.0, out=e.actions)
 
 
 def _demo_names(f: h5py.File, path: str, filter_key: str | None) -> list[str]:
