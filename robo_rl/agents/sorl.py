@@ -12,6 +12,7 @@ backpropagated once, then each module's gradient is clipped separately.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -57,10 +58,29 @@ class SORLConfig:
     # 3e-4 reached 0.8 / 0.9 (2 seeds, 10 episodes each, budget=cpu network sizes).
     lr: float = 3e-4
     grad_clip: float = 1.0  # per module (encoder, policy, critic) max grad norm
+    # Updates with a non-finite loss or gradient norm are skipped (weights untouched); this many in a row
+    # stop training with NonFiniteUpdateError, since from there on the run would learn nothing.
+    max_nonfinite_updates: int = 10
     tau: float = 0.005  # Polyak rate of the target encoder, target policy and target critic
     compile: bool = False  # torch.compile the encoder, velocity net and critic
     # Latent world model (QWM search imagines with it), trained on the same encoder's latents.
     world_model: WorldModelConfig = field(default_factory=WorldModelConfig)
+
+    def __post_init__(self):
+        # Messages start with the field's name: the config validator prefixes the group (`agent.`).
+        bad_steps = [k for k in self.q_steps if k < 1 or k > self.flow_steps or k & (k - 1)]
+        if bad_steps:
+            raise ValueError(f"q_steps={list(self.q_steps)}: {bad_steps} are not powers of 2 in "
+                             f"[1, flow_steps={self.flow_steps}]")
+        for name in ("lr", "grad_clip"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)}: must be > 0")
+        if self.max_nonfinite_updates < 1:
+            raise ValueError(f"max_nonfinite_updates={self.max_nonfinite_updates}: must be >= 1")
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """Too many gradient updates in a row had a non-finite loss or gradient norm."""
 
 
 class SORLAgent(nn.Module):
@@ -79,11 +99,6 @@ class SORLAgent(nn.Module):
     ):
         super().__init__()
         self.config = cfg = config or SORLConfig()
-        bad_steps = [k for k in cfg.q_steps if k < 1 or k > cfg.flow_steps or k & (k - 1)]
-        if bad_steps:
-            raise ValueError(
-                f"q_steps {cfg.q_steps}: {bad_steps} are not powers of 2 in [1, flow_steps={cfg.flow_steps}]"
-            )
         self.action_dim = action_dim
         self.encoder = ObsEncoder(obs_shapes, num_tasks, cfg.encoder)
         latent_dim = cfg.encoder.latent_dim
@@ -120,6 +135,8 @@ class SORLAgent(nn.Module):
             lr=cfg.lr,
             fused=True,
         )
+        self.nonfinite_skipped = 0  # updates skipped for a non-finite loss or gradient norm, in total
+        self._nonfinite_in_a_row = 0
 
     # --- the maths the planner and the trainer call ---------------------------------------------
 
@@ -162,7 +179,9 @@ class SORLAgent(nn.Module):
                offline [B] bool (not used by the losses: offline and online samples count alike).
         seq:   {"obs": key -> [B, H+1, ...], "action": [B, H, A], "reward", "terminal": [B, H]} for the
                world model's multi-step latent consistency loss (ignored without a world model).
-        Returns losses and diagnostics as floats.
+        Returns losses and diagnostics as floats. An update whose loss or gradient norm is not finite
+        changes no weight; it is counted (`nonfinite_skipped`), and `config.max_nonfinite_updates` of
+        them in a row raise NonFiniteUpdateError.
         """
         self.train()
         action = self._flatten(batch["action"].to(self.device))
@@ -186,14 +205,33 @@ class SORLAgent(nn.Module):
             loss = loss + wm_loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        for name, module in self._learners():
-            info[f"{name}_grad_norm"] = nn.utils.clip_grad_norm_(module.parameters(), self.config.grad_clip)
-        self.optimizer.step()
-        self.update_targets()
-
-        info |= actor_info
-        metrics = dict(zip(info, torch.stack([v.detach().float() for v in info.values()]).tolist()))
+        norms = {f"{name}_grad_norm": nn.utils.clip_grad_norm_(module.parameters(), self.config.grad_clip)
+                 for name, module in self._learners()}
+        info |= norms | actor_info
+        # One host sync reads the metrics and decides the step: clipping turns an infinite norm into
+        # all-zero gradients and a NaN one into NaN weights, so neither may reach the optimizer.
+        values = torch.stack([loss.detach().float(), *(v.detach().float() for v in info.values())]).tolist()
+        metrics = dict(zip(info, values[1:]))
+        if math.isfinite(values[0]) and all(math.isfinite(metrics[k]) for k in norms):
+            self.optimizer.step()
+            self.update_targets()
+            self._nonfinite_in_a_row = 0
+        else:
+            self._skip_nonfinite(values[0], {k: metrics[k] for k in norms})
+        metrics["nonfinite_skipped"] = self.nonfinite_skipped
         return metrics | {f"wm_{k}": v for k, v in wm_info.items()}
+
+    def _skip_nonfinite(self, loss: float, norms: dict[str, float]) -> None:
+        self.nonfinite_skipped += 1
+        self._nonfinite_in_a_row += 1
+        cfg = self.config
+        if self._nonfinite_in_a_row >= cfg.max_nonfinite_updates:
+            raise NonFiniteUpdateError(
+                f"{self._nonfinite_in_a_row} gradient updates in a row had a non-finite loss or gradient norm "
+                f"(last: loss {loss:.3g}, " + ", ".join(f"{k} {v:.3g}" for k, v in norms.items()) + "), so "
+                f"none changed the weights. Likely causes: a learning rate too high (agent.lr={cfg.lr:g}), a Q "
+                f"weight too large (agent.q_weight={cfg.q_weight:g}), or NaN/Inf/huge values in the data; lower "
+                "them or clean the data (agent.max_nonfinite_updates sets how many skips in a row stop a run)")
 
     def critic_loss(
         self, z: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor, next_z: torch.Tensor
