@@ -18,7 +18,7 @@ import numpy as np
 
 from robo_rl.data.hdf5 import DatasetError, Episode, demo_sort_key, nonfinite_count, write_robomimic
 from robo_rl.envs.robosuite import robomimic_obs
-from robo_rl.utils.rendering import configure_mujoco_gl
+from robo_rl.utils.rendering import configure_mujoco
 
 # robomimic's low-dim keys for robosuite tasks (all that robosuite 1.4 provides; robomimic's
 # `robot0_eef_vel_*` came from an older robosuite branch).
@@ -145,7 +145,7 @@ def _read_raw_demo(group: h5py.Group, path: str, name: str) -> RawDemo:
 
 
 def _make_env(env_name: str, env_kwargs: dict, low_dim_keys: tuple[str, ...]):
-    configure_mujoco_gl()
+    configure_mujoco()
     import robosuite
 
     env = robosuite.make(env_name, **env_kwargs)

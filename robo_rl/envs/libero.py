@@ -12,12 +12,12 @@ import numpy as np
 
 from robo_rl.envs.base import SimEnv
 from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
-from robo_rl.utils.rendering import configure_mujoco_gl
+from robo_rl.utils.rendering import configure_mujoco
 
 
 def load_suite(name: str):
     """LIBERO benchmark object for a suite name (`libero_10`, `libero_spatial`, ...)."""
-    configure_mujoco_gl()
+    configure_mujoco()
     from robo_rl.envs.setup_sim import ensure_libero_ready
 
     ensure_libero_ready()

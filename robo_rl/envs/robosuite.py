@@ -9,7 +9,7 @@ import numpy as np
 
 from robo_rl.envs.base import SimEnv
 from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
-from robo_rl.utils.rendering import configure_mujoco_gl
+from robo_rl.utils.rendering import configure_mujoco
 
 # robomimic's name for robosuite's observation (when they differ).
 _ROBOSUITE_KEY = {"object": "object-state"}
@@ -27,7 +27,7 @@ def robomimic_obs(raw: dict, low_dim_keys, rgb_keys=()) -> dict[str, np.ndarray]
 
 def robosuite_env_kwargs(spec: EnvSpec) -> dict:
     """The kwargs robomimic stores under `env_args.env_kwargs` for this spec."""
-    configure_mujoco_gl()
+    configure_mujoco()
     from robosuite.controllers import load_controller_config
 
     cameras = list(spec.cameras)
@@ -59,7 +59,7 @@ MODEL_SEED = 0
 
 def make_robosuite_env(spec: EnvSpec, model_seed: int = MODEL_SEED):
     """The robosuite env for `spec`, built under `model_seed` (the global RNG is restored after)."""
-    configure_mujoco_gl()
+    configure_mujoco()
     import robosuite
 
     state = np.random.get_state()
