@@ -8,7 +8,7 @@ STAMP := $(VENV)/.robo_rl_installed
 .PHONY: setup test demo bench
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt scripts/setup.sh
+$(STAMP): pyproject.toml constraints.txt scripts/setup.sh robo_rl/envs/setup_sim.py
 	VENV=$(VENV) bash scripts/setup.sh
 	touch $(STAMP)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs robo_rl and its simulator stack into $VENV (default .venv). Idempotent: `make` only
-# calls this when pyproject.toml, constraints.txt or this script changed since the last run.
+# calls this when pyproject.toml, constraints.txt, this script or robo_rl/envs/setup_sim.py changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -32,7 +32,8 @@ TORCH=$($VENV/bin/python -c "import torch; print(torch.__version__.split('+')[0]
 # 3. robo_rl and everything else, with torch pinned to what is installed.
 $PIP install -c "$VENV/constraints.txt" -e ".[dev]"
 
-# 4. Simulator housekeeping: LIBERO config (its first import would prompt) + scene assets link,
+# 4. Simulator housekeeping: LIBERO config (its first import would prompt) and a .pth file that points
+#    every Python of the venv at it, scene assets link,
 #    robosuite's private macro file (silences its start-up warnings).
 $VENV/bin/python -m robo_rl.envs.setup_sim
 echo "[setup] done: $($VENV/bin/python -c 'import torch, mujoco, robosuite; print("torch", torch.__version__, "| mujoco", mujoco.__version__, "| robosuite", robosuite.__version__)')"
