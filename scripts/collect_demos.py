@@ -10,15 +10,15 @@ from omegaconf import DictConfig
 
 @hydra.main(config_path="../conf", config_name="collect_demos", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from robo_rl.config import stop_on_bad_input
     from robo_rl.data.demos import collect_demos
     from robo_rl.data.hdf5 import write_robomimic
     from robo_rl.envs import env_spec
 
-    if not cfg.output:
-        raise SystemExit("collect_demos.py needs output=PATH.hdf5")
-    episodes, rate, env_args = collect_demos(env_spec(cfg), cfg.task.expert, cfg.num_demos, noise=cfg.noise,
-                                             seed=cfg.seed, num_envs=cfg.env.num_envs)
-    write_robomimic(cfg.output, episodes, env_args, attrs={"expert_success_rate": rate})
+    with stop_on_bad_input():
+        episodes, rate, env_args = collect_demos(env_spec(cfg), cfg.task.expert, cfg.num_demos, noise=cfg.noise,
+                                                 seed=cfg.seed, num_envs=cfg.env.num_envs)
+        write_robomimic(cfg.output, episodes, env_args, attrs={"expert_success_rate": rate})
     steps = sum(e.num_steps for e in episodes)
     print(f"[demos] {len(episodes)} demos ({steps} steps), expert success rate {rate:.2f} -> {cfg.output}")
 

@@ -3,22 +3,18 @@
     python scripts/convert_robosuite.py input=RAW.hdf5 output=OUT.hdf5 \
         cameras=[agentview,robot0_eye_in_hand] image_size=84
 """
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
 
 @hydra.main(config_path="../conf", config_name="convert_robosuite", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from robo_rl.config import stop_on_bad_input
     from robo_rl.data.convert import convert_robosuite
-    from robo_rl.data.hdf5 import DatasetError
 
-    try:
+    with stop_on_bad_input():
         reports = convert_robosuite(cfg.input, cfg.output, tuple(cfg.cameras), cfg.image_size,
                                     valid_fraction=cfg.valid_fraction)
-    except DatasetError as e:
-        sys.exit(f"error: {e}")
     print(f"{'demo':<10} {'steps':>6} {'replay success':>15} {'max state divergence':>21}")
     for r in reports:
         print(f"{r.demo:<10} {r.steps:>6} {str(r.success):>15} {r.max_state_divergence:>21.4f}")

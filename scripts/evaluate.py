@@ -12,10 +12,12 @@ from omegaconf import DictConfig
 
 @hydra.main(config_path="../conf", config_name="evaluate", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from robo_rl.config import stop_on_bad_input
     from robo_rl.eval.runner import run_evaluation
 
     hydra_cfg = HydraConfig.get()
-    run_evaluation(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task))
+    with stop_on_bad_input():
+        run_evaluation(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ from omegaconf import DictConfig
 
 @hydra.main(config_path="../conf", config_name="pretrain_offline", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from robo_rl.config import stop_on_bad_input
     from robo_rl.train.run import run
 
-    run(cfg, HydraConfig.get().runtime.output_dir, online=False)
+    with stop_on_bad_input():
+        run(cfg, HydraConfig.get().runtime.output_dir, online=False)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ from omegaconf import DictConfig
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from robo_rl.config import stop_on_bad_input
     from robo_rl.train.run import run
 
-    run(cfg, HydraConfig.get().runtime.output_dir, online=True)
+    with stop_on_bad_input():
+        run(cfg, HydraConfig.get().runtime.output_dir, online=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from robo_rl.config import ConfigError
 from robo_rl.envs import make_vec_env
 from robo_rl.eval.policies import RandomPolicy
 from robo_rl.eval.rollout import Policy, evaluate, evaluate_actors
@@ -74,6 +75,11 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
         # The env must observe what the agent was trained on: task and observation settings come from it
         # (task.* overrides on the command line, e.g. task.horizon=30, still apply).
         trained = checkpoint["config"]
+        asked = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "task"]
+        if asked and asked[-1] != trained["task"]["name"]:
+            raise ConfigError(f"task={asked[-1]}, but checkpoint={cfg.checkpoint} was trained on "
+                              f"task={trained['task']['name']}: drop task= (a checkpoint is evaluated on its own "
+                              f"task) or pass a checkpoint trained on {asked[-1]}")
         cfg = OmegaConf.merge(cfg, {"task": trained["task"], "env": {
             k: trained["env"][k] for k in ("modality", "image_size")}},
             OmegaConf.from_dotlist([o for o in overrides if o.startswith("task.")]))

@@ -86,25 +86,26 @@ class QWMConfig:
     precision: str = "auto"
 
     def __post_init__(self):
+        # Messages start with the field's name: the config validator prefixes the group (`planner.`).
         for name in ("num_actions", "num_samples", "beam", "leaf_actions", "policy_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"QWMConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.depth < 0:
-            raise ValueError(f"QWMConfig.depth must be >= 0, got {self.depth}")
+            raise ValueError(f"depth={self.depth}: must be >= 0")
         if self.beam > self.num_samples:
-            raise ValueError(f"QWMConfig.beam ({self.beam}) cannot exceed num_samples ({self.num_samples}): "
+            raise ValueError(f"beam={self.beam}: cannot exceed num_samples={self.num_samples}, "
                              "the first depth has only K nodes per root action to keep")
-        if not (0.0 <= self.lam <= 1.0 and 0.0 <= self.root_weight <= 1.0):
-            raise ValueError(f"QWMConfig.lam and root_weight are mixing weights in [0, 1], "
-                             f"got lam={self.lam}, root_weight={self.root_weight}")
+        for name in ("lam", "root_weight"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)}: a mixing weight, must lie in [0, 1]")
         if self.selection not in ("argmax", "softmax"):
-            raise ValueError(f'QWMConfig.selection must be "argmax" or "softmax", got {self.selection!r}')
+            raise ValueError(f'selection={self.selection!r}: must be "argmax" or "softmax"')
         if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f'QWMConfig.precision must be "auto", "fp32" or "bf16", got {self.precision!r}')
+            raise ValueError(f'precision={self.precision!r}: must be "auto", "fp32" or "bf16"')
         if self.pessimism < 0:
-            raise ValueError(f"QWMConfig.pessimism must be >= 0, got {self.pessimism}")
+            raise ValueError(f"pessimism={self.pessimism}: must be >= 0")
         if self.temperature <= 0:
-            raise ValueError(f"QWMConfig.temperature must be > 0, got {self.temperature}")
+            raise ValueError(f"temperature={self.temperature}: must be > 0")
 
 
 class QWMPlanner:

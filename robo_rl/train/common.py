@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.agents.sorl import SORLAgent, SORLConfig
 from robo_rl.agents.world_model import WorldModelConfig
+from robo_rl.config import ConfigError, check_dataset
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.data.hdf5 import Episode, read_hdf5, write_robomimic
 from robo_rl.envs import env_spec, make_vec_env
@@ -31,7 +32,7 @@ def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
     scripted demos (generated on first use, cached under `demo_cache`), else none (online from scratch)."""
     keys = list(spec.low_dim_keys + spec.rgb_keys)
     if cfg.dataset:
-        paths = sorted(Path(cfg.dataset).glob("*.hdf5")) if Path(cfg.dataset).is_dir() else [Path(cfg.dataset)]
+        paths = check_dataset(cfg.dataset, cfg.task)
         instructions = _suite_instructions(spec)
         episodes = []
         for path in paths:
@@ -74,8 +75,8 @@ def _task_of(instruction: str | None, instructions: list[str] | None, path: Path
         return 0
     normalized = [s.strip().lower() for s in instructions]
     if instruction is None or instruction.strip().lower() not in normalized:
-        raise ValueError(f"{path}: instruction {instruction!r} is not a task of this suite; "
-                         f"pass the dataset files of the suite you train on")
+        raise ConfigError(f"dataset {path}: instruction {instruction!r} is not a task of this suite; "
+                          f"pass the dataset files of the suite you train on")
     return normalized.index(instruction.strip().lower())
 
 
