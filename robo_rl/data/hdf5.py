@@ -107,6 +107,7 @@ def read_hdf5(
     filter_key: str | None = None,
     action_dim: int | None = None,
     task_id: int = 0,
+    normalized_actions: bool = False,
 ) -> Dataset:
     """Read a robomimic- or LIBERO-format file (detected from its attrs) into `Episode`s.
 
@@ -114,7 +115,9 @@ def read_hdf5(
     filter_key: load only the demos listed under `mask/<filter_key>` (robomimic: `train`, `valid`, ...).
     action_dim: if given, every demo's actions must have this many columns.
     task_id:    task index for demos whose group carries no `task_id` attr (LIBERO: one file per task).
-    NaN/Inf in actions, rewards or low-dim observations, and actions outside [-1, 1], are errors.
+    normalized_actions: actions must lie in [-1, 1] (what robo_rl learns from and robosuite's controllers
+                take); within ACTION_TOLERANCE outside they are clipped onto it.
+    NaN/Inf in actions, rewards or low-dim observations is an error.
     """
     path = os.fspath(path)
     with _open(path) as f:
@@ -134,7 +137,9 @@ def read_hdf5(
         episodes = [
             _read_episode(data[d], path, d, obs_keys, action_dim, task_id, instruction, flip) for d in demos
         ]
-    _check_values(path, episodes)
+    _check_finite(path, episodes)
+    if normalized_actions:
+        _check_normalized_actions(path, episodes)
     return Dataset(path=path, episodes=episodes, env_args=env_args, format=fmt, attrs=attrs)
 
 
@@ -195,12 +200,9 @@ def nonfinite_count(values: np.ndarray) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
 
 
-def _check_values(path: str, episodes: list[Episode]) -> None:
-    """Values robo_rl cannot learn from: NaN/Inf anywhere, actions outside [-1, 1].
-
-    Every bad demo is listed, so one message says what to clean. Actions within ACTION_TOLERANCE of
-    the bounds are clipped onto them instead (see there).
-    """
+def _check_finite(path: str, episodes: list[Episode]) -> None:
+    """NaN/Inf in actions, rewards or low-dim observations; every bad demo is listed, so one message
+    says what to clean."""
     nonfinite = {}  # demo -> its non-finite arrays, e.g. ["actions (4 NaN)"]
     for e in episodes:
         arrays = {"actions": e.actions, "rewards": e.rewards,
@@ -212,6 +214,10 @@ def _check_values(path: str, episodes: list[Episode]) -> None:
         listed = [f"{name} {item}" for name, items in nonfinite.items() for item in items]
         raise DatasetError(f"{path}: non-finite values in {len(nonfinite)} of {len(episodes)} demos: "
                            f"{', '.join(listed[:5])}{', ...' if len(listed) > 5 else ''}; clean or drop those demos")
+
+
+def _check_normalized_actions(path: str, episodes: list[Episode]) -> None:
+    """Actions more than ACTION_TOLERANCE outside [-1, 1] are an error; the others are clipped onto it."""
     peaks = {e.name: float(np.abs(e.actions).max(initial=0.0)) for e in episodes}
     outside = [name for name, peak in peaks.items() if peak > 1.0 + ACTION_TOLERANCE]
     if outside:

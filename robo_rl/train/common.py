@@ -36,7 +36,7 @@ def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
         instructions = _suite_instructions(spec)
         episodes = []
         for path in paths:
-            data = read_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM)
+            data = read_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM, normalized_actions=True)
             task_id = _task_of(data.episodes[0].instruction, instructions, path)
             for e in data.episodes:
                 e.task_id = task_id
@@ -93,7 +93,8 @@ def scripted_demos(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
                                                  num_envs=cfg.env.num_envs)
         print(f"[data] scripted expert success rate {rate:.2f}")
         write_robomimic(path, episodes, env_args, attrs={"expert_success_rate": rate})
-    return read_hdf5(path, obs_keys=list(spec.low_dim_keys + spec.rgb_keys), action_dim=ACTION_DIM).episodes
+    return read_hdf5(path, obs_keys=list(spec.low_dim_keys + spec.rgb_keys), action_dim=ACTION_DIM,
+                     normalized_actions=True).episodes
 
 
 def step_shapes(obs: dict[str, np.ndarray | torch.Tensor]) -> dict[str, tuple[int, ...]]:
