@@ -313,3 +313,56 @@ def test_bad_input_is_rejected_with_a_clear_message():
     with pytest.raises(KeyError, match="cam_image"):
         buffer.add({"state": np.zeros((2, 2))}, np.zeros((2, 2)), np.zeros(2), np.zeros(2), np.zeros(2),
                    {"state": np.zeros((2, 2))})
+
+
+def _step_labels(buffer: ReplayBuffer, eps: list[int], ts: list[int], lost=None, done=None) -> None:
+    """One env step of labelled episodes: env e goes from (eps[e], ts[e]) to (eps[e], ts[e] + 1)."""
+    E = buffer.num_envs
+    obs = {k: np.stack([label_obs(eps[e], ts[e])[k] for e in range(E)]) for k in SHAPES}
+    nxt = {k: np.stack([label_obs(eps[e], ts[e] + 1)[k] for e in range(E)]) for k in SHAPES}
+    if lost is not None:  # a dead worker's row: a stale copy of obs, as VecEnv reports it
+        for k in SHAPES:
+            nxt[k][lost] = obs[k][lost]
+    done = np.zeros(E, bool) if done is None else np.asarray(done)
+    buffer.add(obs, obs["state"], np.zeros(E, np.float32), np.zeros(E, bool), done, nxt,
+               None if lost is None else np.asarray(lost))
+
+
+def _assert_transitions_are_real(buffer: ReplayBuffer) -> set[tuple[int, int]]:
+    """Every sampled transition, n-step target and sequence stays inside one labelled episode."""
+    batch = buffer.sample(512, nstep=3)
+    for (ep, t), (ep2, t2) in zip(labels(batch["obs"]["state"]), labels(batch["next_obs"]["state"])):
+        assert ep2 == ep and 1 <= t2 - t <= 3, f"({ep}, {t}) -> ({ep2}, {t2}) crosses episodes"
+    seq = labels(buffer.sample_sequences(256, 3)["obs"]["state"])  # [256, 3 + 1 observations, 2]
+    for i in range(0, len(seq), 4):
+        assert [s[0] for s in seq[i:i + 4]] == [seq[i][0]] * 4 and [s[1] - seq[i][1] for s in seq[i:i + 4]] == [0, 1, 2, 3]
+    return set(labels(batch["obs"]["state"]))
+
+
+def test_a_lost_step_stores_nothing_and_ends_its_episode():
+    buffer = make_buffer(num_envs=2, capacity=200, offline_ratio=0.0)
+    for t in range(4):
+        _step_labels(buffer, [1, 2], [t, t])
+    _step_labels(buffer, [1, 2], [4, 4], lost=[False, True])  # env 1's worker died during this step
+    for t in range(5):
+        _step_labels(buffer, [1, 3], [5 + t, t])  # env 1 restarted: a new episode 3
+    assert buffer.num_online == 2 * 10 - 1  # every env step but the lost one
+    drawn = _assert_transitions_are_real(buffer)
+    assert (2, 4) not in drawn and (2, 3) in drawn  # nothing from the lost step; the real ones stay
+    ended = {int(e.obs["state"][0, 0]): e.num_steps for e in buffer.online_episodes()}
+    assert ended == {2: 4}  # the cut episode ended, truncated, at its last real observation
+    assert not buffer.online_episodes()[0].terminals.any()
+
+
+def test_end_episodes_keeps_a_resumed_stream_from_joining_old_and_new_episodes(tmp_path):
+    buffer = make_buffer(num_envs=2, capacity=200, offline_ratio=0.0)
+    for t in range(6):
+        _step_labels(buffer, [1, 2], [t, t])
+    buffer.save(tmp_path / "b.h5")
+    resumed = ReplayBuffer.load(tmp_path / "b.h5")
+    assert resumed.write_counts == buffer.write_counts
+    resumed.end_episodes()  # what a resumed run does before its envs start new episodes
+    for t in range(6):
+        _step_labels(resumed, [3, 4], [t, t])
+    _assert_transitions_are_real(resumed)
+    assert sorted((int(e.obs["state"][0, 0]), e.num_steps) for e in resumed.online_episodes()) == [(1, 6), (2, 6)]

@@ -56,10 +56,19 @@ def test_killed_worker_is_replaced(lift_spec):
         old_pid = env.pids[0]
         os.kill(old_pid, signal.SIGKILL)
         result = env.step(np.zeros((2, 7)))
-        assert result.truncated.tolist() == [True, False]
+        assert result.truncated.tolist() == [True, False] and result.lost.tolist() == [True, False]
         assert env.num_restarts == 1 and env.pids[0] != old_pid
         result = env.step(np.zeros((2, 7)))  # the batch keeps going
         assert result.obs["object"].shape == (2, 10) and not result.truncated.any()
+
+
+def test_non_finite_actions_never_reach_the_simulator(lift_spec):
+    with VecEnv(lift_spec, 1, workers="sync") as env:
+        env.reset(seed=0)
+        before = env.get("sim_state")[0]
+        with pytest.raises(FloatingPointError, match=r"non-finite actions for envs \[0\]"):
+            env.step(np.array([[0.1, np.nan, 0, 0, 0, 0, 0]]))
+        np.testing.assert_array_equal(env.get("sim_state")[0], before)
 
 
 def test_scripted_lift_expert_succeeds(lift_spec):

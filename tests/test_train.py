@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from robo_rl.data.buffer import ReplayBuffer
+from robo_rl.train.checkpoint import load_buffer, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["budget=smoke", "logger.mode=disabled", "env.num_envs=2"]
@@ -49,16 +49,23 @@ def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
     assert sorted((run_dir / "checkpoints").glob("step_*.pt")), "no checkpoint written"
     assert list((run_dir / "videos").rglob("*.mp4")), "no evaluation video"
     # Only real transitions are learned from: the online buffer holds exactly the env steps taken.
-    buffer = ReplayBuffer.load(run_dir / "checkpoints" / "buffer.h5")
+    buffer = load_buffer(run_dir, load_checkpoint(run_dir))
     assert buffer.num_online == result["online_env_steps"] == 60
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("online/critic_loss" in l for l in lines) and any("offline/fm_loss" in l for l in lines)
+    steps = [l["step"] for l in lines]
+    assert steps == sorted(steps) and max(steps) == 30 + 60  # one axis: offline steps, then env steps after them
+    curves = json.loads((run_dir / "curves.json").read_text())
+    assert curves == {"env_steps": [60], "success": [result["success_rate"]],
+                      "success_no_search": [result["success_rate_no_search"]],
+                      "offline_success_rate": result["offline_success_rate"]}
+    assert (run_dir / "curves.png").exists()
 
 
 def test_checkpoint_rebuilds_the_trained_agent(lift_run):
     from omegaconf import OmegaConf
 
-    from robo_rl.train.checkpoint import actor_from_checkpoint, load_checkpoint
+    from robo_rl.train.checkpoint import actor_from_checkpoint
 
     state = load_checkpoint(lift_run)
     cfg = OmegaConf.create(state["config"])
@@ -103,7 +110,7 @@ def test_action_chunks_train_and_act_end_to_end(tmp_path):
     train(run_dir, "task=lift", "agent.action_horizon=2", "budget.eval_episodes=1")
     result = json.loads((run_dir / "eval.json").read_text())
     assert result["num_episodes"] == 1 and "success_rate_no_search" in result
-    buffer = ReplayBuffer.load(run_dir / "checkpoints" / "buffer.h5")
+    buffer = load_buffer(run_dir, load_checkpoint(run_dir))
     assert buffer.num_online == result["online_env_steps"]  # chunks still enter the buffer one step at a time
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("online/wm_consistency" in l for l in lines)

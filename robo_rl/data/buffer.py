@@ -211,31 +211,53 @@ class ReplayBuffer:
         self._num_offline += sum(e.num_steps for e in episodes)
         self._offline_starts.clear()
 
-    def add(self, obs, action, reward, terminated, truncated, next_obs) -> None:
+    def add(self, obs, action, reward, terminated, truncated, next_obs, lost=None) -> None:
         """One vectorized env step. obs / next_obs: key -> [E, ...] (next_obs as reached, before any
-        auto-reset); action [E, A]; reward, terminated, truncated [E]. torch or numpy."""
+        auto-reset); action [E, A]; reward, terminated, truncated [E]. torch or numpy.
+
+        lost [E] bool (optional): envs whose step never happened (their worker died). Nothing of
+        theirs is stored; their episode ends truncated at its last real observation.
+        """
         action = _numpy(action).astype(np.float32).reshape(self.num_envs, self.action_dim)
         terminated = _numpy(terminated).astype(bool).reshape(self.num_envs)
         done = terminated | _numpy(truncated).astype(bool).reshape(self.num_envs)
-        envs = np.arange(self.num_envs)
+        lost = np.zeros(self.num_envs, bool) if lost is None else _numpy(lost).astype(bool).reshape(self.num_envs)
+        self.end_episodes(np.flatnonzero(lost))
+        live = np.flatnonzero(~lost)
 
-        starting = np.flatnonzero(self._needs_first_obs)
+        starting = live[self._needs_first_obs[live]]
         if len(starting):  # a new episode: its first observation needs a slot of its own
             self._episode_start[starting] = self._pos[starting]
             self._write_obs(self._claim_slots(starting), obs, starting)
-        current = envs * self.stream_len + (self._pos - 1) % self.stream_len
+        current = live * self.stream_len + (self._pos[live] - 1) % self.stream_len
         o = self._online
-        o.action[current] = action
-        o.reward[current] = _numpy(reward).astype(np.float32).reshape(self.num_envs)
-        o.terminal[current] = terminated
+        o.action[current] = action[live]
+        o.reward[current] = _numpy(reward).astype(np.float32).reshape(self.num_envs)[live]
+        o.terminal[current] = terminated[live]
         o.valid[current] = True
-        self._num_online += self.num_envs
-        self._write_obs(self._claim_slots(envs), next_obs, envs)
+        self._num_online += len(live)
+        self._write_obs(self._claim_slots(live), next_obs, live)
 
-        for e in np.flatnonzero(done):
+        for e in live[done[live]]:
             start = int(self._episode_start[e])
             self._finished.append((int(e), start, int(self._pos[e] - 1 - start)))
-        self._needs_first_obs = done
+        self._needs_first_obs[live] = done[live]
+
+    def end_episodes(self, envs=None) -> None:
+        """End the open episodes of `envs` (default: all streams) as truncated at their last stored
+        observation; the next `add` starts new ones. Resuming a run calls this: its envs start new
+        episodes, which must not be joined to the ones a crash interrupted."""
+        envs = np.arange(self.num_envs) if envs is None else np.asarray(envs, np.int64)
+        for e in envs[~self._needs_first_obs[envs]]:
+            start = int(self._episode_start[e])
+            if (steps := int(self._pos[e] - 1 - start)) > 0:
+                self._finished.append((int(e), start, steps))
+        self._needs_first_obs[envs] = True
+
+    @property
+    def write_counts(self) -> list[int]:
+        """Observation slots ever written per env stream: identifies the buffer's exact contents over time."""
+        return self._pos.tolist()
 
     def _claim_slots(self, envs: np.ndarray) -> np.ndarray:
         """Advance the write heads of `envs`, clearing whatever the claimed slots held."""

@@ -4,14 +4,17 @@ Every backend (these and `envs.warp`) returns torch tensors:
   obs        dict key -> [B, ...]   low-dim float32, images uint8 [B, C, H, W], `task_id` int64 [B]
   reward     [B] float32, terminated / truncated / success [B] bool
   next_obs   the observation the step reached, before any auto-reset (for storing transitions)
+  lost       [B] bool: the env's worker died during this step, so the step never happened
 With `autoreset=True` an env whose episode ended is reset at once and `obs` holds its new first
-observation. A worker process that dies or stops answering is replaced; its episode is reported
-truncated, so the batch never hangs.
+observation. A worker process that dies or stops answering is replaced and its env reset; its
+episode ends there, reported truncated *and* lost: its `next_obs` row is a copy of the last real
+observation, not a transition, and must not be stored or scored (`num_restarts` counts these).
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import sys
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -32,6 +35,7 @@ class StepResult:
     truncated: torch.Tensor
     success: torch.Tensor
     next_obs: Obs
+    lost: torch.Tensor | None = None  # [B] bool; None: no env was lost (backends without workers)
 
     @property
     def done(self) -> torch.Tensor:
@@ -45,6 +49,14 @@ def per_env_seeds(env_ids: list[int], seed) -> list[int | None]:
     if len(seed) != len(env_ids):
         raise ValueError(f"got {len(seed)} seeds for {len(env_ids)} envs")
     return list(seed)
+
+
+def check_finite_actions(actions: np.ndarray, env_ids: list[int]) -> None:
+    """Stop NaN/Inf actions before they reach the simulator (MuJoCo would integrate them into a NaN state)."""
+    bad = ~np.isfinite(actions).all(axis=1)
+    if bad.any():
+        raise FloatingPointError(f"non-finite actions for envs {[env_ids[i] for i in np.flatnonzero(bad)]}: "
+                                 f"{actions[bad][0].tolist()}; the policy or its input has gone non-finite")
 
 
 def make_single_env(spec: EnvSpec, index: int = 0):
@@ -204,16 +216,23 @@ class VecEnv:
         self.spec, self.num_envs, self.autoreset = spec, num_envs, autoreset
         self.step_timeout, self.reset_timeout = step_timeout, reset_timeout
         self._worker_cls = _ProcessWorker if workers == "subprocess" else _InlineWorker
+        self.num_restarts = 0
         self.workers = self._start_workers()
         self._obs: list[dict] = []
         self._seeds: list[int | None] = [None] * num_envs
-        self.num_restarts = 0
 
     def _start_workers(self) -> list:
         # Start every worker before waiting on any: scene building (seconds) overlaps across workers.
         workers = [self._worker_cls(self.spec, i, self.num_envs) for i in range(self.num_envs)]
-        for w in workers:
-            w.recv(self.reset_timeout)
+        for i, w in enumerate(workers):
+            try:
+                w.recv(self.reset_timeout)
+            except WorkerDied as e:  # killed while building its scene: one more try, as for a running worker
+                print(f"[env] worker of env {i} died while starting ({e}); restarting it", file=sys.stderr, flush=True)
+                w.kill()
+                workers[i] = self._worker_cls(self.spec, i, self.num_envs)
+                workers[i].recv(self.reset_timeout)
+                self.num_restarts += 1
         return workers
 
     # -- metadata ------------------------------------------------------------------------------
@@ -262,12 +281,13 @@ class VecEnv:
         if actions.shape != (self.num_envs, self.action_dim):
             raise ValueError(f"actions must have shape {(self.num_envs, self.action_dim)}, got {actions.shape}")
         ids = [i for i in range(self.num_envs) if active is None or active[i]]
+        check_finite_actions(actions[ids], ids)
         reward = np.zeros(self.num_envs, np.float32)
-        terminated, truncated, success = (np.zeros(self.num_envs, bool) for _ in range(3))
+        terminated, truncated, success, lost = (np.zeros(self.num_envs, bool) for _ in range(4))
         next_obs = list(self._obs)
         for i, out in zip(ids, self._gather(ids, "step", lambda i: (actions[i], self.autoreset), self.step_timeout)):
-            if out is None:  # worker died and was replaced: its episode ends here, truncated
-                truncated[i] = True
+            if out is None:  # worker died and was replaced: its episode ends here, truncated, not a transition
+                truncated[i] = lost[i] = True
                 continue
             obs, reward[i], terminated[i], truncated[i], success[i], final = out
             next_obs[i] = obs if final is None else final
@@ -279,6 +299,7 @@ class VecEnv:
             truncated=torch.from_numpy(truncated),
             success=torch.from_numpy(success),
             next_obs=stack_obs(next_obs),
+            lost=torch.from_numpy(lost),
         )
 
     def render(self, env_ids: list[int] | None = None, camera: str = "agentview", size: int | None = None) -> np.ndarray:
@@ -315,6 +336,8 @@ class VecEnv:
 
     def _restart(self, i: int) -> None:
         """Replace env i's worker and start a new episode there (seeded from its stream)."""
+        print(f"[env] worker of env {i} (pid {getattr(self.workers[i], 'pid', None)}) died; restarting it "
+              f"({self.num_restarts + 1} restart(s) so far)", file=sys.stderr, flush=True)
         self.workers[i].kill()
         self.workers[i] = _ProcessWorker(self.spec, i, self.num_envs)
         self.workers[i].recv(self.reset_timeout)

@@ -8,6 +8,9 @@ Several actors are compared on paired episodes in one pass: episode i is the sam
 state, seed + i) for every actor, and its record holds `init_digest` (a hash of its first
 observation) to check that. Jobs run episode-major (episode 0 of every actor, then episode 1, ...)
 and each step calls every actor once, on the observations of its own envs.
+
+An episode cut short by a dead env worker is not scored: it is run again from its start (same
+seed and init state) on the restarted env; `worker_restarts` counts these.
 """
 from __future__ import annotations
 
@@ -86,9 +89,9 @@ def evaluate(
     wrist_video: bool = False,
     progress: bool = True,
 ) -> dict:
-    """One policy (named "policy" in video names): its evaluate_actors summary plus "wall_s"."""
+    """One policy (named "policy" in video names): its evaluate_actors summary plus "wall_s", "worker_restarts"."""
     result = evaluate_actors(env, {"policy": policy}, episodes, seed, video_dir, num_videos, wrist_video, progress)
-    return {**result["actors"]["policy"], "wall_s": result["wall_s"]}
+    return {**result["actors"]["policy"], "wall_s": result["wall_s"], "worker_restarts": result["worker_restarts"]}
 
 
 def evaluate_actors(
@@ -104,7 +107,8 @@ def evaluate_actors(
     """Run `episodes` paired episodes of every actor in one pass over `env` (which must not auto-reset).
 
     Returns {"actors": {name: summary}, "gains": {name: paired_difference(name, "none")} and
-    "search_gain" (= gains["qwm"]) when a "none" actor and at least 2 episodes allow them, "wall_s"}.
+    "search_gain" (= gains["qwm"]) when a "none" actor and at least 2 episodes allow them, "wall_s",
+    "worker_restarts" (env workers replaced since `env` was built; their episodes were rerun)}.
     A summary is {"success_rate", "success_ci": [lo, hi] (Wilson 95%), "episodes" (= "num_episodes"),
     "mean_return", "mean_length", "per_task": {task: rate}, "ms_per_decision" (wall time in `act` per
     env decision), "per_episode": [{index, task_id, init_state_id, seed, init_digest, return, length,
@@ -160,6 +164,10 @@ def evaluate_actors(
         for i, job in enumerate(running):
             if job is None:
                 continue
+            if result.lost is not None and bool(result.lost[i]):  # the worker died: run the episode again
+                queue.insert(0, _Job(job.actor, job.index, job.task_id, job.init_state_id, job.seed, job.record))
+                finished.append(i)
+                continue
             job.ret += float(result.reward[i])
             job.length += 1
             job.success |= bool(result.success[i])
@@ -178,7 +186,7 @@ def evaluate_actors(
         out["gains"] = {a: paired_difference([j.success for j in by_actor[a]], base) for a in actors if a != "none"}
         if "qwm" in out["gains"]:
             out["search_gain"] = out["gains"]["qwm"]
-    return {**out, "wall_s": time.time() - t0}
+    return {**out, "wall_s": time.time() - t0, "worker_restarts": getattr(env, "num_restarts", 0)}
 
 
 def _record_frames(env, running, result, wrist_video: bool) -> None:

@@ -1,8 +1,11 @@
-"""Checkpoints: written atomically (temp file, then rename), so a crash never leaves a torn file.
+"""Checkpoints: each one a consistent unit of model, optimizer, RNG, counters and replay buffer.
 
-A checkpoint is a dict: {"step", "phase", "agent", "optimizers", "rng", "config", "obs_shapes",
-"action_dim", "num_tasks", ...}. `checkpoints/step_XXXXXXXX.pt` under the run directory; the
-newest two are kept. The replay buffer is saved beside it (`buffer.h5` via ReplayBuffer.save).
+`checkpoints/step_XXXXXXXX.pt` under the run directory holds a dict {"agent", "optimizer", "rng",
+"config", "obs_shapes", "num_tasks", "phase", "offline_step", "env_steps"}; an online checkpoint
+also names its own replay buffer file, `buffer_XXXXXXXX.h5` beside it, with the buffer's write
+counts. Every file is written atomically (temp file, then rename) and the buffer before the
+checkpoint that names it, so a crash at any moment leaves the newest complete checkpoint with
+exactly its own buffer; files of a torn save are ignored and pruned. The newest two are kept.
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from robo_rl.data.buffer import ReplayBuffer
+
 KEEP_LAST = 2
 
 
@@ -18,16 +23,50 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save_checkpoint(run_dir: str | Path, step: int, state: dict) -> Path:
+def save_checkpoint(run_dir: str | Path, step: int, state: dict, buffer: ReplayBuffer | None = None) -> Path:
+    """Write `state` (and `buffer`, if given) as checkpoint `step`; prune all but the newest KEEP_LAST."""
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
+    if buffer is not None:
+        name = f"buffer_{step:08d}.h5"
+        buffer.save(directory / name)
+        state = {**state, "buffer": {"file": name, "write_counts": buffer.write_counts}}
     path = directory / f"step_{step:08d}.pt"
     tmp = path.with_suffix(".pt.tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
-    for old in sorted(directory.glob("step_*.pt"))[:-KEEP_LAST]:
-        old.unlink()
+    _prune(directory)
     return path
+
+
+def _prune(directory: Path) -> None:
+    """Keep the newest KEEP_LAST checkpoints and the buffers they name; drop everything else."""
+    checkpoints = sorted(directory.glob("step_*.pt"))
+    for old in checkpoints[:-KEEP_LAST]:
+        old.unlink()
+    kept = {f"buffer_{p.stem.removeprefix('step_')}.h5" for p in checkpoints[-KEEP_LAST:]}
+    for stale in directory.glob("buffer_*.h5"):
+        if stale.name not in kept:
+            stale.unlink()
+    for torn in directory.glob("*.tmp*"):  # temp files of a save that a crash interrupted
+        torn.unlink()
+
+
+def load_buffer(run_dir: str | Path, state: dict, device: str | torch.device = "cpu") -> ReplayBuffer:
+    """The replay buffer saved with checkpoint `state`, verified to be the one it was saved with."""
+    saved = state.get("buffer")
+    if saved is None:
+        raise ValueError(f"the checkpoint of step {state['offline_step'] + state['env_steps']} in {run_dir} "
+                         "has no replay buffer (offline checkpoints have none)")
+    path = checkpoint_dir(run_dir) / saved["file"]
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: its checkpoint cannot be resumed; delete the run directory "
+                                "or its newest step_*.pt to resume from the one before")
+    buffer = ReplayBuffer.load(path, device=device)
+    if buffer.write_counts != saved["write_counts"]:
+        raise ValueError(f"{path} does not match its checkpoint (write counts {buffer.write_counts} vs "
+                         f"{saved['write_counts']}); it was not saved with it")
+    return buffer
 
 
 def latest_checkpoint(path: str | Path) -> Path | None:

@@ -1,0 +1,60 @@
+"""Learning curves of a run: success vs online env steps, with and without search, and the offline start.
+
+`curves.json` holds {"env_steps": [...], "success": [...], "success_no_search": [...],
+"offline_success_rate": x}, lists aligned by index (success_no_search is null where a run without
+search has no second actor); `curves.png` draws them. Both are rewritten after every evaluation,
+so a crashed run keeps its curve; a resumed run drops the points after its checkpoint first.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on training machines
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+class LearningCurve:
+    def __init__(self, run_dir: str | Path, resume_env_steps: int | None = None):
+        self.json_path, self.png_path = Path(run_dir) / "curves.json", Path(run_dir) / "curves.png"
+        self.data = {"env_steps": [], "success": [], "success_no_search": [], "offline_success_rate": None}
+        if resume_env_steps is not None and self.json_path.exists():
+            old = json.loads(self.json_path.read_text())
+            keep = [i for i, s in enumerate(old["env_steps"]) if s <= resume_env_steps]
+            self.data = {k: [old[k][i] for i in keep] for k in ("env_steps", "success", "success_no_search")}
+            self.data["offline_success_rate"] = old["offline_success_rate"]
+
+    def set_offline(self, success_rate: float) -> None:
+        self.data["offline_success_rate"] = success_rate
+        self._write()
+
+    def add(self, env_steps: int, success: float, success_no_search: float | None = None) -> None:
+        """A point at env_steps; one already there (a periodic evaluation at the last step) is replaced."""
+        if self.data["env_steps"] and self.data["env_steps"][-1] == env_steps:
+            for key in ("env_steps", "success", "success_no_search"):
+                self.data[key].pop()
+        for key, value in (("env_steps", env_steps), ("success", success), ("success_no_search", success_no_search)):
+            self.data[key].append(value)
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.json_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2))
+        tmp.replace(self.json_path)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        steps = self.data["env_steps"]
+        ax.plot(steps, self.data["success"], "o-", label="with search" if any(
+            v is not None for v in self.data["success_no_search"]) else "policy")
+        no_search = [(s, v) for s, v in zip(steps, self.data["success_no_search"]) if v is not None]
+        if no_search:
+            ax.plot(*zip(*no_search), "s--", label="without search")
+        if self.data["offline_success_rate"] is not None:
+            ax.axhline(self.data["offline_success_rate"], color="gray", ls=":", label="offline start")
+        ax.set(xlabel="online env steps", ylabel="success rate", ylim=(-0.02, 1.02))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(self.png_path, dpi=100)
+        plt.close(fig)
