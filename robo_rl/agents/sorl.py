@@ -22,10 +22,9 @@ from torch import nn
 from robo_rl.agents.critic import QEnsemble, mean_minus_std
 from robo_rl.agents.policy import ShortcutFlowPolicy
 from robo_rl.agents.world_model import WorldModelConfig
+from robo_rl.core import Obs
 from robo_rl.nets.encoders import EncoderConfig, ObsEncoder
 from robo_rl.nets.mlp import ema_update_
-
-Obs = dict[str, torch.Tensor]
 
 
 @dataclass

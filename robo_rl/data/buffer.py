@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from numba import njit
 
+from robo_rl.core import TASK_KEY, is_image_key
 from robo_rl.data.hdf5 import Episode
-from robo_rl.envs.spec import is_image_key
 
 _MAX_REJECTION_ROUNDS = 100  # online sampling draws candidates in rounds; each round accepts >= ~50%
 _POOLED_PER_SHAPE = 8  # output arrays kept for reuse per (shape, dtype): covers several held batches
@@ -286,7 +286,7 @@ class ReplayBuffer:
             raise ValueError(f"episode {e.name}: rewards {e.rewards.shape} and terminals {e.terminals.shape} "
                              f"must both be [{T}]")
         for k, shape in self.obs_shapes.items():
-            if k == "task_id" and k not in e.obs:
+            if k == TASK_KEY and k not in e.obs:
                 continue
             if k not in e.obs:
                 raise KeyError(f"episode {e.name}: observation key {k!r} missing; it has {sorted(e.obs)}")
@@ -295,7 +295,7 @@ class ReplayBuffer:
 
     @staticmethod
     def _episode_obs(e: Episode, k: str) -> np.ndarray:
-        if k == "task_id" and k not in e.obs:
+        if k == TASK_KEY and k not in e.obs:
             return np.full(e.num_steps + 1, e.task_id, np.int64)
         return e.obs[k]
 
@@ -468,7 +468,7 @@ class ReplayBuffer:
             slots = stream * self.stream_len + (start + np.arange(steps + 1)) % self.stream_len
             o, acts = self._online, slots[:-1]
             obs = {k: v[slots] for k, v in o.obs.items()}
-            task = int(obs["task_id"][0]) if "task_id" in obs else 0
+            task = int(obs[TASK_KEY][0]) if TASK_KEY in obs else 0
             episodes.append(Episode(obs=obs, actions=o.action[acts], rewards=o.reward[acts],
                                     terminals=o.terminal[acts], task_id=task, name=f"demo_{len(episodes)}"))
         return episodes
@@ -529,7 +529,7 @@ class ReplayBuffer:
 def _default_dtype(key: str) -> np.dtype:
     if is_image_key(key):
         return np.dtype(np.uint8)
-    return np.dtype(np.int64) if key == "task_id" else np.dtype(np.float32)
+    return np.dtype(np.int64) if key == TASK_KEY else np.dtype(np.float32)
 
 
 def _mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

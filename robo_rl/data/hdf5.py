@@ -25,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from robo_rl.envs.spec import is_image_key
+from robo_rl.core import TASK_KEY, is_image_key
 
 # Data-group attrs with a dedicated `Dataset` field; every other attr lands in `Dataset.attrs`.
 _KNOWN_DATA_ATTRS = ("total", "env_args")
@@ -321,7 +321,7 @@ def _to_memory(key: str, values: np.ndarray, flip: bool) -> np.ndarray:
         if flip:
             values = values[:, ::-1]
         return np.ascontiguousarray(values.transpose(0, 3, 1, 2)).astype(np.uint8, copy=False)
-    if key == "task_id":
+    if key == TASK_KEY:
         return values.astype(np.int64)
     return values.astype(np.float32)
 
@@ -346,7 +346,7 @@ def write_robomimic(
     if not episodes:
         raise DatasetError(f"{path}: no episodes to write")
     names = _output_names(episodes)
-    obs_keys = sorted(episodes[0].obs.keys() - {"task_id"})
+    obs_keys = sorted(episodes[0].obs.keys() - {TASK_KEY})
     for name, episode in zip(names, episodes):
         _validate_episode(path, name, episode, obs_keys)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -383,7 +383,7 @@ def _validate_episode(path: str, name: str, e: Episode, obs_keys: list[str]) -> 
     T = e.num_steps
     if e.actions.ndim != 2 or T == 0:
         raise DatasetError(f"{where} actions: expected [T>0, A], got shape {e.actions.shape}")
-    if sorted(e.obs.keys() - {"task_id"}) != obs_keys:
+    if sorted(e.obs.keys() - {TASK_KEY}) != obs_keys:
         raise DatasetError(f"{where} obs: keys {sorted(e.obs)} differ from the first episode's {obs_keys}; "
                            "robomimic needs the same keys in every demo")
     for k in obs_keys:
@@ -413,7 +413,7 @@ def _write_episode(group: h5py.Group, e: Episode) -> None:
     if e.states is not None:
         group.create_dataset("states", data=e.states)
     for k, v in e.obs.items():
-        if k == "task_id":  # kept as the demo attr; robomimic has no modality for it
+        if k == TASK_KEY:  # kept as the demo attr; robomimic has no modality for it
             continue
         stored = np.ascontiguousarray(v.transpose(0, 2, 3, 1)) if is_image_key(k) else v
         group.create_dataset(f"obs/{k}", data=stored[:-1])

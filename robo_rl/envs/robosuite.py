@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from robo_rl.core import TASK_KEY
 from robo_rl.envs.base import SimEnv
 from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
 from robo_rl.utils.rendering import configure_mujoco
@@ -86,7 +87,7 @@ class RobosuiteEnv(SimEnv):
     # -- observations -------------------------------------------------------------------------
     def _obs(self, raw: dict) -> dict[str, np.ndarray]:
         obs = robomimic_obs(raw, self.spec.low_dim_keys, self.spec.rgb_keys)
-        obs["task_id"] = np.int64(self.task_id)
+        obs[TASK_KEY] = np.int64(self.task_id)
         return obs
 
     # -- control ------------------------------------------------------------------------------

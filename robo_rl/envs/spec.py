@@ -5,14 +5,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Observation keys whose arrays are images (uint8, stored channels-first [C, H, W]).
-IMAGE_KEY_SUFFIXES = ("_image", "_rgb")
-
-
-def is_image_key(key: str) -> bool:
-    return key.endswith(IMAGE_KEY_SUFFIXES)
-
-
 @dataclass(frozen=True)
 class EnvSpec:
     """One task family, as an env worker builds it.
@@ -22,6 +14,8 @@ class EnvSpec:
     low_dim_keys: float32 observation keys, robomimic names (robosuite) or LIBERO dataset names.
     rgb_keys:     image observation keys; their camera is the key without its suffix.
     task_ids:     LIBERO: tasks of the suite this run uses; env i runs task_ids[i % len(task_ids)].
+                  Ids index the whole suite, so `num_tasks` (the task ids an encoder must embed)
+                  is max(task_ids) + 1, not len(task_ids).
     render_size:  side of the frames `render()` returns for videos (0: no offscreen renderer
                   unless images are observed).
     """
@@ -40,7 +34,7 @@ class EnvSpec:
 
     @property
     def num_tasks(self) -> int:
-        return len(self.task_ids)
+        return max(self.task_ids) + 1
 
     @property
     def cameras(self) -> tuple[str, ...]:

@@ -22,9 +22,8 @@ from multiprocessing.connection import Connection
 import numpy as np
 import torch
 
+from robo_rl.core import ACTION_DIM, Obs
 from robo_rl.envs.spec import EnvSpec
-
-Obs = dict[str, torch.Tensor]
 
 
 @dataclass
@@ -238,7 +237,7 @@ class VecEnv:
     # -- metadata ------------------------------------------------------------------------------
     @property
     def action_dim(self) -> int:
-        return 7
+        return ACTION_DIM
 
     @property
     def device(self) -> torch.device:

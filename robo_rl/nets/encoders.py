@@ -14,18 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from robo_rl.envs.spec import is_image_key
+from robo_rl.core import TASK_KEY, Obs, is_image_key
 from robo_rl.nets.mlp import SimNorm, mlp
 
-TASK_KEY = "task_id"
 # Floor for normalisation std: near-constant features (e.g. a quaternion component that hardly
 # moves in the demos) would otherwise be blown up to huge values by small online deviations.
 MIN_STD = 1e-2
 
 # Smallest side the 4-layer CNN below accepts (kernels 7, 5, 3, 3; strides 2, 2, 2, 1).
 MIN_IMAGE_SIZE = 39
-
-Obs = dict[str, torch.Tensor]
 
 
 @dataclass

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 import warp as wp
 
+from robo_rl.core import ACTION_DIM, TASK_KEY, Obs
 from robo_rl.envs.robosuite import make_robosuite_env
 from robo_rl.envs.spec import EnvSpec, camera_of
-from robo_rl.envs.vector import Obs, StepResult, per_env_seeds
+from robo_rl.envs.vector import StepResult, per_env_seeds
 from robo_rl.envs.warp import osc
 from robo_rl.envs.warp.render import BatchCameraRenderer, FrameRenderer
 from robo_rl.envs.warp.scene import NULLSPACE_KP, RobotConstants, configure_warp, robot_constants
@@ -69,7 +70,7 @@ class WarpVecEnv:
             self.goal_ori = wp.zeros(num_envs, dtype=wp.mat33)
             self.q_init = wp.zeros(num_envs, dtype=osc.vec7)
             self.gripper_cmd = wp.zeros(num_envs, dtype=float)
-            self.actions = wp.zeros((num_envs, 7), dtype=float)
+            self.actions = wp.zeros((num_envs, ACTION_DIM), dtype=float)
             self._camera_renderer = None
             if spec.rgb_keys:
                 self._camera_renderer = BatchCameraRenderer(self.mjm, num_envs, spec.cameras, spec.image_size)
@@ -100,7 +101,7 @@ class WarpVecEnv:
     # -- metadata ------------------------------------------------------------------------------
     @property
     def action_dim(self) -> int:
-        return 7
+        return ACTION_DIM
 
     @property
     def instructions(self) -> list[str]:
@@ -330,7 +331,7 @@ class WarpVecEnv:
             images = self._camera_renderer.render(self.m, self.d, self.device)
             for key in self.spec.rgb_keys:
                 obs[key] = images[camera_of(key)]
-        obs["task_id"] = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        obs[TASK_KEY] = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         return obs
 
     def _mask(self, env_ids: list[int]) -> torch.Tensor:
