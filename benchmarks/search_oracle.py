@@ -38,13 +38,13 @@ import torch
 from omegaconf import OmegaConf
 from scipy import stats
 
+from robo_rl.checkpoint import agent_from_checkpoint, build_planner, load_checkpoint
 from robo_rl.envs import make_vec_env
 from robo_rl.envs.vector import stack_obs
 from robo_rl.eval.oracle import action_values, visit_states
 from robo_rl.eval.runner import qwm_planner_config
 from robo_rl.planning.actor import AgentActor
-from robo_rl.train.checkpoint import agent_from_checkpoint, load_checkpoint
-from robo_rl.train.common import build_planner
+
 
 def mean_spearman(scores: np.ndarray, truth: np.ndarray) -> tuple[float, int]:
     """Mean over states of the rank correlation of scores [S, N] with truth [S, N]; states whose truth
@@ -139,11 +139,12 @@ def main() -> None:
     state = load_checkpoint(args.checkpoint)
     cfg = OmegaConf.create(state["config"])
     cfg.planner = OmegaConf.merge(qwm_planner_config(cfg.planner), OmegaConf.from_dotlist(args.set))
-    planner = build_planner(cfg.planner)
+    gamma = cfg.train.gamma  # the critic's discount, which the search uses too
+    planner = build_planner(cfg.planner, gamma)
     agent = agent_from_checkpoint(state)
     agent.eval()
-    policy = AgentActor(agent, sample_steps=cfg.agent.sample_steps, seed=args.seed)
-    gamma, kappa = planner.cfg.gamma, planner.cfg.pessimism
+    policy = AgentActor(agent, seed=args.seed)
+    kappa = planner.cfg.pessimism
 
     env = make_vec_env(cfg, num_envs=args.envs, autoreset=False)
     try:
@@ -152,7 +153,7 @@ def main() -> None:
         with torch.no_grad():
             z = agent.encode(stack_obs([v.obs for v in visited]))
             wm = agent.world_model
-            _, info = planner.plan(z, lambda zz: agent.pi(zz, cfg.agent.sample_steps),
+            _, info = planner.plan(z, agent.pi,
                                    lambda zz, aa: agent.q(zz, aa, kappa), wm.next)
         candidates = info["candidates"].float().cpu().numpy()  # [M, N, h*A]
         success, returns = action_values(env, visited, candidates, policy, args.rollouts, gamma)

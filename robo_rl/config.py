@@ -1,11 +1,17 @@
 """The config, checked at the door: a script's composed Hydra config against typed schemas, before Hydra
-creates the run directory and before any data is read or env built.
+creates the run directory and before any data is read or env built. The top of robo_rl: only scripts
+(and Hydra, through the callback) import it.
 
 One dataclass per config group: its annotations give each key's type (`Literal` for a fixed set of
 choices) and its `__post_init__` the allowed ranges, in messages that start with the key's name
 (`num_envs=0: must be >= 1`; the validator prefixes the group). The agent and planner groups are the
 dataclasses their consumers are built from (SORLConfig, QWMConfig) plus the group's `name`, so their
-keys' types and ranges are stated once, where they are used. Unknown keys are errors, including `+key=...` overrides that nothing would read.
+keys' types and ranges are stated once, where they are used (`robo_rl/utils/schema.py` does the typed
+building). Unknown keys are errors, including `+key=...` overrides that nothing would read.
+
+Each setting is decided in one place: the search's discount is `train.gamma` (the critic's), its policy
+samples take `agent.sample_steps`; network sizes live in `conf/agent/size/<budget>.yaml`, which the
+budget's name picks, not in the budget files.
 
 Every script's config names `ValidateConfig` under `hydra.callbacks`; scripts run their work inside
 `stop_on_bad_input()`, so a bad value found later (a dataset's contents, a checkpoint of another task,
@@ -14,13 +20,9 @@ training that diverges) ends the process the same way: one line naming the value
 from __future__ import annotations
 
 import contextlib
-import difflib
 import sys
-import types
-import typing
 from collections.abc import Iterator
-from dataclasses import MISSING, dataclass, fields, is_dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from hydra.experimental.callback import Callback
@@ -29,15 +31,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from robo_rl.agents.sorl import NonFiniteUpdateError, SORLConfig
-from robo_rl.data.hdf5 import DatasetError, dataset_files, read_env_args
+from robo_rl.checkpoint import latest_checkpoint
+from robo_rl.data.hdf5 import DatasetError
 from robo_rl.planning.qwm import QWMConfig
-from robo_rl.train.checkpoint import latest_checkpoint
-
-TASK_CONF = Path(__file__).resolve().parents[1] / "conf" / "task"
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and the fix, on one line."""
+from robo_rl.train.sources import check_dataset
+from robo_rl.utils.schema import ConfigError, from_dict
 
 
 # -- schemas, one per group --------------------------------------------------------------------
@@ -183,14 +181,17 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
         if self.planner.name == "qwm" and not self.agent.world_model.enabled:
             raise ValueError("planner=qwm searches with the world model: set agent.world_model.enabled=true "
                              "or use planner=none")
+        if self.agent.action_horizon > 1 and self.train.nstep != 1:
+            raise ValueError(f"train.nstep={self.train.nstep} with agent.action_horizon={self.agent.action_horizon}: "
+                             "a chunk's TD target is the h-step return of its own actions, n-step returns over "
+                             "chunks are not implemented; pass train.nstep=1 with chunks")
 
 
 @dataclass
 class EvaluateConfig:  # conf/evaluate.yaml
     env: EnvConfig
     task: TaskConfig
-    agent: AgentConfig
-    budget: BudgetConfig
+    agent: AgentConfig  # with a checkpoint only its acting settings (sample_steps, best_of_n) apply
     planner: PlannerConfig
     logger: LoggerConfig
     policy: Literal["random", "scripted", "checkpoint"]
@@ -261,6 +262,13 @@ SCHEMAS: dict[str, type] = {
 }
 
 
+# Keys that older configs had and that one other setting now decides.
+SET_ELSEWHERE = {
+    ("planner", "gamma"): "the search discounts with the critic's train.gamma",
+    ("planner", "policy_steps"): "the search samples the policy with agent.sample_steps",
+}
+
+
 # -- validation --------------------------------------------------------------------------------
 def validate(cfg: DictConfig, config_name: str) -> Any:
     """Check the composed config of `conf/<config_name>.yaml` (its `hydra` node is ignored): types,
@@ -273,94 +281,16 @@ def validate(cfg: DictConfig, config_name: str) -> Any:
         raise ConfigError(f"{e.full_key} is required: pass {e.full_key}=...") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {e.msg}") from None
-    settings = _build(SCHEMAS[config_name], node, "")
+    for (group, key), where in SET_ELSEWHERE.items():
+        if key in (node.get(group) or {}):
+            raise ConfigError(f"{group}.{key} is not a setting of its own: {where}; remove {group}.{key}")
+    settings = from_dict(SCHEMAS[config_name], node)
     if getattr(settings, "dataset", None):
         check_dataset(settings.dataset, settings.task)
     if getattr(settings, "checkpoint", None) and latest_checkpoint(settings.checkpoint) is None:
         raise ConfigError(f"checkpoint={settings.checkpoint}: no checkpoint there; pass a step_*.pt file or a run "
                           "directory with checkpoints/step_*.pt")
     return settings
-
-
-def _build(schema: type, node: Any, key: str) -> Any:
-    """`schema` instance from a plain dict, every value checked; `key` is the node's dotted path."""
-    prefix = f"{key}." if key else ""
-    if not isinstance(node, dict):
-        raise ConfigError(f"{key}={node!r}: expected a group of keys ({', '.join(f.name for f in fields(schema))})")
-    hints = typing.get_type_hints(schema)
-    for name in node:
-        if name not in hints:
-            close = difflib.get_close_matches(name, list(hints), n=1)
-            hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
-            raise ConfigError(f"unknown key {prefix}{name}: nothing reads it{hint}; remove it or fix its spelling")
-    for f in fields(schema):
-        if f.name not in node and f.default is MISSING and f.default_factory is MISSING:
-            raise ConfigError(f"missing key {prefix}{f.name}: add it to the config ({f.type})")
-    values = {name: _value(value, hints[name], prefix + name) for name, value in node.items()}
-    try:
-        return schema(**values)
-    except ValueError as e:  # a range check of __post_init__: its message starts with the key's name
-        raise ConfigError(f"{prefix}{e}") from None
-
-
-def _value(value: Any, hint: Any, key: str) -> Any:
-    """`value` checked against the type `hint` (lists become tuples, ints of float keys floats)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if is_dataclass(hint):
-        return _build(hint, value, key)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, args))}")
-        return value
-    if origin in (typing.Union, types.UnionType):  # only `X | None` occurs
-        (inner,) = [a for a in args if a is not type(None)]
-        return None if value is None else _value(value, inner, key)
-    if origin in (tuple, list):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}={value!r}: expected a list, e.g. {key}=[...]")
-        return tuple(_value(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}={value!r}: expected a group of keys")
-        return {k: _value(v, args[1], f"{key}.{k}") for k, v in value.items()}
-    numeric = isinstance(value, int | float) and not isinstance(value, bool)
-    ok, expected = {bool: (isinstance(value, bool), "true or false"), str: (isinstance(value, str), "a string"),
-                    float: (numeric, "a number"), int: (numeric and isinstance(value, int), "an integer")}[hint]
-    if not ok:
-        raise ConfigError(f"{key}={value!r}: expected {expected}")
-    return float(value) if hint is float else value
-
-
-def check_dataset(dataset: str | Path, task: TaskConfig | DictConfig) -> list[Path]:
-    """The HDF5 files `dataset=` names, each checked from its attrs alone to hold demos of `task`:
-    LIBERO files for LIBERO suites, robomimic files recorded in the task's robosuite env otherwise."""
-    try:
-        files = dataset_files(dataset)
-    except DatasetError as e:  # its message starts with the path
-        raise ConfigError(f"dataset={e}") from None
-    for path in files:
-        fmt, env_args = read_env_args(path)
-        recorded = env_args.get("env_name")
-        if task.suite == "libero" and fmt != "libero":
-            raise ConfigError(f"dataset {path} is a robomimic file of {recorded}, but task={task.name} is a LIBERO "
-                              "suite that trains on LIBERO files (one per task); pass those, or "
-                              f"{_task_for(recorded)} for this file")
-        if task.suite == "robosuite" and fmt == "libero":
-            raise ConfigError(f"dataset {path} is a LIBERO file, but task={task.name} is a robosuite task that "
-                              f"trains on robomimic files of {task.env_name}; pass a LIBERO task (task=libero_10, "
-                              f"libero_spatial, ...) for LIBERO data, or a robomimic {task.env_name} dataset")
-        if task.suite == "robosuite" and recorded != task.env_name:
-            raise ConfigError(f"dataset {path} was recorded in {recorded}, but task={task.name} runs "
-                              f"{task.env_name}: pass {_task_for(recorded)}, or a {task.env_name} dataset")
-    return files
-
-
-def _task_for(env_name: str | None) -> str:
-    """`task=<name>` of the robosuite task config (conf/task/) that runs `env_name`."""
-    for path in sorted(TASK_CONF.glob("*.yaml")):
-        if OmegaConf.load(path).get("env_name") == env_name:
-            return f"task={path.stem}"
-    return f"the task whose env_name is {env_name}"
 
 
 # -- where the checks run ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 @hydra.main(config_path="../conf", config_name="collect_demos", version_base=None)
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
-    from robo_rl.data.demos import collect_demos
+    from robo_rl.demos.collect import collect_demos
     from robo_rl.data.hdf5 import write_robomimic
     from robo_rl.envs import env_spec
 

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 @hydra.main(config_path="../conf", config_name="convert_robosuite", version_base=None)
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
-    from robo_rl.data.convert import convert_robosuite
+    from robo_rl.demos.convert import convert_robosuite
 
     with stop_on_bad_input():
         reports = convert_robosuite(cfg.input, cfg.output, tuple(cfg.cameras), cfg.image_size,

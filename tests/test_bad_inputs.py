@@ -19,10 +19,10 @@ from omegaconf import OmegaConf
 
 from robo_rl.agents.sorl import NonFiniteUpdateError, SORLAgent
 from robo_rl.config import ConfigError, validate
-from robo_rl.data.convert import read_raw_robosuite
 from robo_rl.data.hdf5 import DatasetError, Episode, write_robomimic
+from robo_rl.demos.convert import read_raw_robosuite
 from robo_rl.envs import env_spec
-from robo_rl.train.common import offline_episodes
+from robo_rl.train.sources import offline_episodes
 from test_hdf5 import write_libero_file
 from test_sorl_agent import ACTION_DIM, LIFT_SHAPES, small_config, synthetic_batch
 
@@ -266,7 +266,8 @@ def test_extreme_settings_stop_instead_of_learning_nan_or_nothing(setting):
 @pytest.mark.parametrize("name, overrides", [
     *[("config", [f"budget={b}", f"task={t}"]) for b in ("smoke", "cpu", "gpu")
       for t in ("lift", "can", "square", "tool_hang", "libero_10", "libero_90")],
-    ("config", ["env=image", "explore=param_noise", "agent.action_horizon=2", "agent.q_weight=0", "planner=none"]),
+    ("config", ["env=image", "explore=param_noise", "agent.action_horizon=2", "train.nstep=1", "agent.q_weight=0",
+                "planner=none"]),
     ("config", ["budget=smoke", "env.num_envs=2", "task.task_ids=[0,1]", "task=libero_10", "env.image_size=64",
                 "budget.batch_size=16", "budget.online_steps=40", "budget.eval_episodes=1", "resume=true"]),
     ("pretrain_offline", ["task=lift"]),

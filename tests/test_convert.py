@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
-from robo_rl.data.convert import convert_robosuite
 from robo_rl.data.hdf5 import DatasetError, read_hdf5
 from robo_rl.data.registry import DownloadError, RegistryEntry, dataset_files, download, load_registry
+from robo_rl.demos.convert import convert_robosuite
 
 FIXTURES = Path("/work/shared/fixtures/robosuite")
 LIFT = FIXTURES / "robosuite_v140_lift_panda_3demos.hdf5"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from robo_rl.data.demos import LiftExpert
+from robo_rl.demos.experts import LiftExpert
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import VecEnv
 

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import torch
 
-from robo_rl.train.checkpoint import checkpoint_dir, load_buffer, load_checkpoint
+from robo_rl.checkpoint import checkpoint_dir, load_buffer, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["task=lift", "budget=smoke", "logger.mode=disabled", "env.num_envs=2"]

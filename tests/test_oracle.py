@@ -3,7 +3,7 @@ a known-good action above a known-bad one."""
 import numpy as np
 import pytest
 
-from robo_rl.data.demos import LiftExpert
+from robo_rl.demos.experts import LiftExpert
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import VecEnv
 from robo_rl.eval.oracle import VisitedState, action_values, visit_states

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from robo_rl.train.checkpoint import load_buffer, load_checkpoint
+from robo_rl.checkpoint import load_buffer, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["budget=smoke", "logger.mode=disabled", "env.num_envs=2"]
@@ -65,7 +65,7 @@ def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
 def test_checkpoint_rebuilds_the_trained_agent(lift_run):
     from omegaconf import OmegaConf
 
-    from robo_rl.train.checkpoint import actor_from_checkpoint
+    from robo_rl.checkpoint import actor_from_checkpoint
 
     state = load_checkpoint(lift_run)
     cfg = OmegaConf.create(state["config"])
@@ -107,7 +107,7 @@ def test_evaluate_compares_actors_on_paired_episodes(lift_run, tmp_path):
 
 def test_action_chunks_train_and_act_end_to_end(tmp_path):
     run_dir = tmp_path / "chunks"
-    train(run_dir, "task=lift", "agent.action_horizon=2", "budget.eval_episodes=1")
+    train(run_dir, "task=lift", "agent.action_horizon=2", "train.nstep=1", "budget.eval_episodes=1")
     result = json.loads((run_dir / "eval.json").read_text())
     assert result["num_episodes"] == 1 and "success_rate_no_search" in result
     buffer = load_buffer(run_dir, load_checkpoint(run_dir))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from robo_rl.envs.warp import WarpVecEnv  # first: configures MuJoCo's OpenGL backend before mujoco loads
-from robo_rl.data.demos import LiftExpert
+from robo_rl.demos.experts import LiftExpert
 from robo_rl.envs.robosuite import RobosuiteEnv
 from robo_rl.envs.spec import EnvSpec
 

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from robo_rl.core import TASK_KEY
 from robo_rl.envs.base import SimEnv
 from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
 from robo_rl.utils.rendering import configure_mujoco
@@ -30,8 +31,18 @@ def load_suite(name: str):
 
 
 def task_instructions(suite_name: str) -> list[str]:
+    """The language instruction of each task of a suite, by task id."""
     suite = load_suite(suite_name)
     return [suite.get_task(i).language for i in range(suite.n_tasks)]
+
+
+def task_of_instruction(instructions: list[str], instruction: str | None) -> int | None:
+    """The task id whose instruction (of `task_instructions`) is `instruction`, ignoring case and
+    surrounding spaces; None when no task has it. LIBERO dataset files hold one task each, named so."""
+    normalized = [s.strip().lower() for s in instructions]
+    if instruction is None or instruction.strip().lower() not in normalized:
+        return None
+    return normalized.index(instruction.strip().lower())
 
 
 def _quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
@@ -89,7 +100,7 @@ class LiberoEnv(SimEnv):
         obs = {k: np.asarray(derived[k] if k in derived else raw[k], dtype=np.float32) for k in self.spec.low_dim_keys}
         for key in self.spec.rgb_keys:
             obs[key] = to_channels_first(raw[f"{camera_of(key)}_image"])
-        obs["task_id"] = np.int64(self.task_id)
+        obs[TASK_KEY] = np.int64(self.task_id)
         return obs
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> dict[str, np.ndarray]:

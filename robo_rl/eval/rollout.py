@@ -30,6 +30,18 @@ from robo_rl.eval.stats import paired_difference, success_ci
 from robo_rl.eval.video import annotate, write_mp4
 
 
+EVAL_SEED_OFFSET = 10_000
+
+
+def eval_seed(seed: int) -> int:
+    """First env seed of the evaluation episodes of a run seeded `seed` (episode i: eval_seed(seed) + i).
+
+    One convention for training's evaluations and `scripts/evaluate.py`: `evaluate.py seed=S` plays the
+    episodes of the final evaluation of the training run with seed=S. Training's envs reset with
+    `seed + 7919·k` (k >= 1), never this seed."""
+    return EVAL_SEED_OFFSET + seed
+
+
 class Policy(Protocol):
     """obs [n, ...] of the envs `env_ids` -> actions [n, A]. Policies whose `act` has no env_ids
     (random, scripted experts: state per batch row) get every env's obs [B, ...] and answer [B, A]."""

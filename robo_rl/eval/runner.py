@@ -5,17 +5,21 @@ on paired episodes in one pass and prints a table of success rates, 95% interval
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from robo_rl.config import ConfigError
+from robo_rl.checkpoint import (
+    ACTING_SETTINGS, actor_from_checkpoint, agent_from_checkpoint, build_actor, load_checkpoint,
+)
+from robo_rl.demos.experts import make_expert
 from robo_rl.envs import make_vec_env
 from robo_rl.eval.policies import RandomPolicy
-from robo_rl.eval.rollout import Policy, evaluate, evaluate_actors
+from robo_rl.eval.rollout import Policy, eval_seed, evaluate, evaluate_actors
+from robo_rl.utils.logging import write_json
+from robo_rl.utils.schema import ConfigError
 
 PLANNER_CONF = Path(__file__).resolve().parents[2] / "conf" / "planner"
 
@@ -23,14 +27,10 @@ PLANNER_CONF = Path(__file__).resolve().parents[2] / "conf" / "planner"
 def make_eval_policy(cfg: DictConfig, num_envs: int, action_dim: int, checkpoint: dict | None = None):
     """The policy `cfg.policy` names: random, scripted (the task's expert), or a loaded checkpoint."""
     if checkpoint is not None:
-        from robo_rl.train.checkpoint import actor_from_checkpoint
-
         return actor_from_checkpoint(checkpoint, cfg)
     if cfg.policy == "random":
         return RandomPolicy(num_envs, action_dim, seed=cfg.seed)
     if cfg.policy == "scripted":
-        from robo_rl.data.demos import make_expert
-
         return make_expert(cfg.task, num_envs, noise=0.0, seed=cfg.seed)
     if cfg.policy == "checkpoint":
         raise ValueError("policy=checkpoint needs checkpoint=PATH (a .pt file or a run directory)")
@@ -49,17 +49,16 @@ def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[
     none: the policy's own sample (best_of_n=1); qwm: QWM search; best_of_n: the best of the search's N
     policy samples by the search's critic score (the qwm planner at depth 0). The qwm settings are the
     run's `planner` when planner=qwm (with any planner.* overrides), else conf/planner/qwm.yaml.
+    The checkpoint's agent acts with cfg.agent's sample_steps; the searches discount by its train.gamma.
     """
-    from robo_rl.train.checkpoint import agent_from_checkpoint
-    from robo_rl.train.common import make_actor
-
     qwm = qwm_planner_config(cfg.planner)
     planners = {"none": None, "best_of_n": OmegaConf.merge(qwm, {"depth": 0}), "qwm": qwm}
     unknown = [n for n in names if n not in planners]
     if unknown:
         raise ValueError(f"unknown actors {unknown} in compare=; valid actors: {list(planners)}")
-    agent = agent_from_checkpoint(checkpoint, cfg.device)
-    return {n: make_actor(cfg, agent, planners[n], best_of_n=1) for n in names}
+    agent = agent_from_checkpoint(checkpoint, cfg.device, {k: cfg.agent[k] for k in ACTING_SETTINGS})
+    gamma = checkpoint["config"]["train"]["gamma"]
+    return {n: build_actor(agent, planners[n], gamma, cfg.seed, best_of_n=1) for n in names}
 
 
 def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -> dict:
@@ -69,26 +68,14 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     torch.set_num_threads(cfg.threads)
     checkpoint = None
     if cfg.get("checkpoint"):
-        from robo_rl.train.checkpoint import load_checkpoint
-
         checkpoint = load_checkpoint(cfg.checkpoint, cfg.device)
-        # The env must observe what the agent was trained on: task and observation settings come from it
-        # (task.* overrides on the command line, e.g. task.horizon=30, still apply).
-        trained = checkpoint["config"]
-        asked = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "task"]
-        if asked and asked[-1] != trained["task"]["name"]:
-            raise ConfigError(f"task={asked[-1]}, but checkpoint={cfg.checkpoint} was trained on "
-                              f"task={trained['task']['name']}: drop task= (a checkpoint is evaluated on its own "
-                              f"task) or pass a checkpoint trained on {asked[-1]}")
-        cfg = OmegaConf.merge(cfg, {"task": trained["task"], "env": {
-            k: trained["env"][k] for k in ("modality", "image_size")}},
-            OmegaConf.from_dotlist([o for o in overrides if o.startswith("task.")]))
+        cfg = _as_trained(cfg, checkpoint["config"], overrides)
     if cfg.compare and checkpoint is None:
         raise ValueError("compare=[...] compares actors of a trained agent: pass checkpoint=PATH")
     actors = compare_actors(cfg, checkpoint, list(cfg.compare)) if cfg.compare else None
     env = make_vec_env(cfg, render=cfg.videos > 0, autoreset=False)
     try:
-        settings = dict(seed=cfg.seed, video_dir=run_dir / "videos", num_videos=cfg.videos,
+        settings = dict(seed=eval_seed(cfg.seed), video_dir=run_dir / "videos", num_videos=cfg.videos,
                         wrist_video=cfg.wrist_video)
         if actors is not None:
             result = evaluate_actors(env, actors, cfg.episodes, **settings)
@@ -107,9 +94,30 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
         lo, hi = result["success_ci"]
         print(f"[eval] {cfg.task.name}: success {result['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] over "
               f"{result['num_episodes']} episodes")
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+    write_json(run_dir / "eval.json", result)
     print(f"[eval] -> {run_dir / 'eval.json'}")
     return result
+
+
+def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> DictConfig:
+    """cfg with what the checkpoint was trained with: the env must observe what the agent was trained
+    on, so task and observation settings come from it (task.* overrides on the command line, e.g.
+    task.horizon=30, still apply), and the agent acts with its trained sample_steps and best_of_n unless
+    the command line sets agent.sample_steps or agent.best_of_n."""
+    keys = [o.split("=", 1)[0].lstrip("+") for o in overrides]
+    asked = [o.split("=", 1)[1] for o, k in zip(overrides, keys) if k == "task"]
+    if asked and asked[-1] != trained["task"]["name"]:
+        raise ConfigError(f"task={asked[-1]}, but checkpoint={cfg.checkpoint} was trained on "
+                          f"task={trained['task']['name']}: drop task= (a checkpoint is evaluated on its own "
+                          f"task) or pass a checkpoint trained on {asked[-1]}")
+    acting_asked = {k.removeprefix("agent.") for k in keys if k.startswith("agent.")}
+    if unknown := sorted(acting_asked - set(ACTING_SETTINGS)):
+        raise ConfigError(f"agent.{unknown[0]}: a checkpoint's agent is rebuilt as it was trained; evaluate.py "
+                          f"may set only {', '.join('agent.' + k for k in ACTING_SETTINGS)}")
+    acting = {k: cfg.agent[k] if k in acting_asked else trained["agent"][k] for k in ACTING_SETTINGS}
+    return OmegaConf.merge(cfg, {"task": trained["task"], "agent": acting, "env": {
+        k: trained["env"][k] for k in ("modality", "image_size")}},
+        OmegaConf.from_dotlist([o for o in overrides if o.startswith("task.")]))
 
 
 def print_table(result: dict) -> None:

@@ -17,6 +17,10 @@ from robo_rl.planning.qwm import QWMPlanner
 class AgentActor:
     """obs dict [B, ...] -> actions [B, A] (CPU tensor) from `agent`, optionally through `planner`.
 
+    The policy samples with the agent's own sampler steps (`agent.config.sample_steps`), alone and
+    inside the search; best_of_n (None: `agent.config.best_of_n`) critic-verified candidates when
+    acting without a planner.
+
     param_noise_std > 0 gives 3PO-style parameter-space exploration: env group g (env i is in group
     i % num_groups) acts with its own perturbed copy of the policy's velocity net, redrawn by
     `resample_noise()` (the online loop calls it when an episode of that group starts).
@@ -28,11 +32,9 @@ class AgentActor:
     runs several actors over one VecEnv, each on its own envs).
     """
 
-    def __init__(self, agent, planner: QWMPlanner | None = None, sample_steps: int | None = None,
-                 best_of_n: int | None = None, param_noise_std: float = 0.0, num_groups: int = 1,
-                 seed: int = 0):
-        self.agent, self.planner = agent, planner
-        self.sample_steps, self.best_of_n = sample_steps, best_of_n
+    def __init__(self, agent, planner: QWMPlanner | None = None, best_of_n: int | None = None,
+                 param_noise_std: float = 0.0, num_groups: int = 1, seed: int = 0):
+        self.agent, self.planner, self.best_of_n = agent, planner, best_of_n
         self.param_noise_std, self.num_groups = param_noise_std, num_groups
         self.generator = torch.Generator(device=agent.device).manual_seed(seed)
         self.horizon = agent.config.action_horizon
@@ -76,7 +78,7 @@ class AgentActor:
         agent = self.agent
         agent.eval()
         if self.planner is None and self._noisy_policies is None:
-            actions = agent.act(obs, steps=self.sample_steps, best_of_n=self.best_of_n)
+            actions = agent.act(obs, best_of_n=self.best_of_n)
         else:
             z = agent.encode(obs)
             actions = torch.empty(z.shape[0], agent.policy.flat_dim, device=z.device)
@@ -94,9 +96,8 @@ class AgentActor:
 
     def _act_latent(self, z: torch.Tensor, group: int | None) -> torch.Tensor:
         agent = self.agent
-        steps = self.sample_steps or (self.planner.cfg.policy_steps if self.planner else None)
         policy = agent.policy if group is None else self._noisy_policies[group]
-        pi = lambda zz: policy.sample(zz, steps)  # noqa: E731
+        pi = policy.sample  # z [M, Z] -> a [M, h*A] by the policy's sample_steps Euler steps
         if self.planner is None:
             return pi(z)
         wm = agent.world_model

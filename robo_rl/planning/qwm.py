@@ -75,19 +75,17 @@ class QWMConfig:
     beam: int = 1  # J nodes kept per root action at each depth
     leaf_actions: int = 8  # N_leaf policy actions whose Q is averaged at a kept leaf
     lam: float = 0.2  # λ: the depth-d estimate G_d enters the tree value T with weight ∝ λ^(d−1)
-    gamma: float = 0.99
     root_weight: float = 0.5  # w: S = w·Q(z0, a) + (1 − w)·T; 0.5 is QWM's ½(V_Q + V_r)
     selection: str = "argmax"  # "argmax" | "softmax"
     temperature: float = 1.0  # softmax temperature, in units of Q
     pessimism: float = 0.0  # κ: the actor's critic scores mean − κ·std over its heads (≥ 0)
-    policy_steps: int = 4  # Euler steps of the SORL sampler; the agent reads it when it builds `pi`
     # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 where the hardware does it
     # natively (CUDA with bf16, CPUs with AMX tiles), fp32 elsewhere (emulated bf16 is slower than fp32).
     precision: str = "auto"
 
     def __post_init__(self):
         # Messages start with the field's name: the config validator prefixes the group (`planner.`).
-        for name in ("num_actions", "num_samples", "beam", "leaf_actions", "policy_steps"):
+        for name in ("num_actions", "num_samples", "beam", "leaf_actions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.depth < 0:
@@ -109,10 +107,16 @@ class QWMConfig:
 
 
 class QWMPlanner:
-    """Batched QWM search over B envs; see the module docstring for the algorithm."""
+    """Batched QWM search over B envs; see the module docstring for the algorithm.
 
-    def __init__(self, cfg: QWMConfig | None = None):
+    gamma: the discount of the model returns, the one the critic was trained with (`train.gamma`;
+    `robo_rl.checkpoint.build_planner` passes it), so that γ^d·Q(z_d, ·) and Q(z_0, ·) are on one scale.
+    The policy samples `pi` draws take the actor's sampler steps (`agent.sample_steps`).
+    """
+
+    def __init__(self, cfg: QWMConfig | None = None, gamma: float = 0.99):
         self.cfg = cfg or QWMConfig()
+        self.gamma = gamma
 
     @torch.no_grad()
     def plan(
@@ -158,7 +162,7 @@ class QWMPlanner:
     def _tree_value(self, z0: Tensor, a0: Tensor, pi, q, next, reward, terminal) -> Tensor:
         """T for each of the M = B·N root actions z0 [M, Z], a0 [M, A] -> [M]."""
         cfg = self.cfg
-        M, K, gamma = z0.shape[0], cfg.num_samples, cfg.gamma
+        M, K, gamma = z0.shape[0], cfg.num_samples, self.gamma
         # The kept nodes [M, P, ...] (P = 1 at the root, then J) with the action expanded from each;
         # `path` is the discounted model return through that action, `alive` the probability that the
         # imagined episode is still running after it.
@@ -210,6 +214,7 @@ def plan_reference(
     reward: Reward | None = None,
     terminal: Terminal | None = None,
     generator: torch.Generator | None = None,
+    gamma: float = 0.99,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The same search written as a literal tree walk: one env, one root action, one node at a time.
 
@@ -228,7 +233,7 @@ def plan_reference(
             score = q_root
             if cfg.depth > 0:
                 root = _Node(z_env, a_root, r_root, cont_root, path=0.0)
-                estimates = _depth_estimates(cfg, root, pi, q, next, reward, terminal)
+                estimates = _depth_estimates(cfg, gamma, root, pi, q, next, reward, terminal)
                 weights = [cfg.lam**d for d in range(cfg.depth)]
                 tree_value = sum(w * g for w, g in zip(weights, estimates)) / sum(weights)
                 score = cfg.root_weight * q_root + (1.0 - cfg.root_weight) * tree_value
@@ -257,23 +262,23 @@ class _Node:
     ret: float = 0.0  # the node's d-step return
 
 
-def _depth_estimates(cfg: QWMConfig, root: _Node, pi, q, next, reward, terminal) -> list[float]:
+def _depth_estimates(cfg: QWMConfig, gamma: float, root: _Node, pi, q, next, reward, terminal) -> list[float]:
     """[G_1, ..., G_D] for one root action (reference version)."""
     kept, estimates = [root], []
     for d in range(1, cfg.depth + 1):
         nodes = []
         for parent in kept:
-            path = parent.path + cfg.gamma ** (d - 1) * parent.alive * parent.reward
+            path = parent.path + gamma ** (d - 1) * parent.alive * parent.reward
             alive = parent.alive * parent.cont
             for z_child in next(parent.z[None], parent.action[None], cfg.num_samples)[0]:
                 probe = pi(z_child[None])[0]
                 value, r, cont = _node_scalars(z_child, probe, q, reward, terminal)
-                nodes.append(_Node(z_child, probe, r, cont, path, alive, path + cfg.gamma**d * alive * value))
+                nodes.append(_Node(z_child, probe, r, cont, path, alive, path + gamma**d * alive * value))
         kept = sorted(nodes, key=lambda n: n.ret, reverse=True)[: cfg.beam]
         if d == cfg.depth:
             for leaf in kept:
                 copies = leaf.z.expand(cfg.leaf_actions, -1)
-                leaf.ret = leaf.path + cfg.gamma**d * leaf.alive * q(copies, pi(copies)).mean().item()
+                leaf.ret = leaf.path + gamma**d * leaf.alive * q(copies, pi(copies)).mean().item()
         estimates.append(sum(n.ret for n in nodes) / len(nodes))
     return estimates
 

@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on training machines
 import matplotlib.pyplot as plt  # noqa: E402
 
+from robo_rl.utils.logging import write_json  # noqa: E402
+
 
 class LearningCurve:
     def __init__(self, run_dir: str | Path, resume_env_steps: int | None = None):
@@ -40,9 +42,7 @@ class LearningCurve:
         self._write()
 
     def _write(self) -> None:
-        tmp = self.json_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2))
-        tmp.replace(self.json_path)
+        write_json(self.json_path, self.data)
         fig, ax = plt.subplots(figsize=(6, 4))
         steps = self.data["env_steps"]
         ax.plot(steps, self.data["success"], "o-", label="with search" if any(

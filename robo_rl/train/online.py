@@ -2,78 +2,116 @@
 update on RLPD-style mixed batches. Imagined states never reach the buffer: only `env.step` output does."""
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
-from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 from robo_rl.agents.sorl import SORLAgent
+from robo_rl.checkpoint import build_actor
 from robo_rl.data.buffer import ReplayBuffer
-from robo_rl.planning.actor import AgentActor
-from robo_rl.train.common import gradient_step
-from robo_rl.utils.logging import RunLogger
+from robo_rl.train.curves import LearningCurve
+from robo_rl.train.trainer import Progress, Trainer
+from robo_rl.utils.logging import RunLogger, write_json
 
 
-def finetune(cfg: DictConfig, agent: SORLAgent, buffer: ReplayBuffer, env, actor: AgentActor, start_env_steps: int,
-             logger: RunLogger, checkpoint: Callable[[int], None],
-             periodic_eval: Callable[[int], dict] | None = None, log_step_offset: int = 0) -> None:
-    """Collect `budget.online_steps` env steps (summed over envs) from `start_env_steps`, `utd` updates per step.
+class OnlineTrainer(Trainer):
+    """Collects `budget.online_steps` env steps (summed over envs), `budget.utd` updates per env step.
 
-    Metrics are logged at `log_step_offset + env steps` (the run's one step axis: after the offline steps).
-    An env whose worker died mid-step stores nothing and its cut episode is not scored; restarts are logged.
+    It acts as cfg.planner says (explore=param_noise: each env group with its own perturbed policy copy).
+    Metrics are logged at the run's step (offline steps + env steps), a point of the learning curve every
+    `budget.eval_every` env steps, a checkpoint with the buffer every `budget.checkpoint_every`. An env
+    whose worker died mid-step stores nothing and its cut episode is not scored; restarts are logged.
     """
-    budget, B = cfg.budget, env.num_envs
-    updates_per_iter = max(1, round(budget.utd * B))
-    obs = env.reset(seed=cfg.seed + 7919 * (start_env_steps + 1))  # fresh episodes, also after a resume
-    actor.reset(range(B))
-    episode_return, episode_len = np.zeros(B), np.zeros(B, int)
-    recent = deque(maxlen=20)  # (success, return, length) of the last finished episodes
-    steps, metrics, t0 = start_env_steps, {}, time.time()
-    next_log, next_ckpt = _next_multiple(steps, budget.log_every), _next_multiple(steps, budget.checkpoint_every)
-    next_eval = _next_multiple(steps, budget.eval_every) if budget.eval_every else None
-    bar = tqdm(total=budget.online_steps, initial=steps, desc="online", unit="step", dynamic_ncols=True)
-    while steps < budget.online_steps:
-        actions = actor.act(obs)
-        result = env.step(actions)
-        buffer.add(obs, actions, result.reward, result.terminated, result.truncated, result.next_obs, result.lost)
-        obs = result.obs
-        steps += B
-        bar.update(B)
 
-        episode_return += result.reward.numpy()
-        episode_len += 1
-        done = result.done.numpy()
-        lost = np.zeros(B, bool) if result.lost is None else result.lost.numpy()
-        for i in np.flatnonzero(done & ~lost):
-            recent.append((bool(result.success[i]), episode_return[i], episode_len[i]))
-        episode_return[done], episode_len[done] = 0.0, 0
-        actor.reset(np.flatnonzero(done))  # auto-reset started new episodes there
-        if actor.param_noise_std > 0 and done.any():
-            actor.resample_noise(sorted({int(i) % actor.num_groups for i in np.flatnonzero(done)}))
+    phase = "online"
 
-        for _ in range(updates_per_iter):
-            metrics = gradient_step(cfg, agent, buffer)
+    def __init__(self, cfg: DictConfig, env, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger,
+                 run_dir: Path, progress: Progress, curve: LearningCurve):
+        super().__init__(cfg, env, agent, buffer, logger, run_dir, progress)
+        self.curve = curve
+        noise = cfg.param_noise_std if cfg.explore == "param_noise" else 0.0
+        self.actor = build_actor(agent, cfg.planner, cfg.train.gamma, cfg.seed, param_noise_std=noise,
+                                 num_groups=min(2, env.num_envs))
+        self.offline_success_rate: float | None = None  # of the policy fine-tuning starts from
 
-        if steps >= next_log or steps >= budget.online_steps:
-            next_log = _next_multiple(steps, budget.log_every)
-            stats = _episode_stats(recent)
-            stats["steps_per_s"] = (steps - start_env_steps) / (time.time() - t0)
-            stats["worker_restarts"] = getattr(env, "num_restarts", 0)
-            logger.log({**{f"online/{k}": v for k, v in metrics.items()}, **{f"rollout/{k}": v for k, v in stats.items()},
-                        "env_steps": steps}, log_step_offset + steps)
-            bar.set_postfix(success=f"{stats.get('success', float('nan')):.2f}",
-                            ret=f"{stats.get('return', float('nan')):.2f}", sps=f"{stats['steps_per_s']:.1f}")
-        if next_eval is not None and steps >= next_eval and periodic_eval is not None:
-            next_eval = _next_multiple(steps, budget.eval_every)
-            logger.log({**{f"eval/{k}": v for k, v in periodic_eval(steps).items()}, "env_steps": steps},
-                       log_step_offset + steps)
-        if steps >= next_ckpt or steps >= budget.online_steps:
-            next_ckpt = _next_multiple(steps, budget.checkpoint_every)
-            checkpoint(steps)
-    bar.close()
+    def train(self) -> None:
+        self._evaluate_offline_start()
+        cfg, env, actor, progress = self.cfg, self.env, self.actor, self.progress
+        budget, B = cfg.budget, env.num_envs
+        updates_per_iter = max(1, round(budget.utd * B))
+        start = progress.env_steps
+        obs = env.reset(seed=cfg.seed + 7919 * (start + 1))  # fresh episodes, also after a resume
+        actor.reset(range(B))
+        episode_return, episode_len = np.zeros(B), np.zeros(B, int)
+        recent = deque(maxlen=20)  # (success, return, length) of the last finished episodes
+        metrics, t0 = {}, time.time()
+        next_log, next_ckpt = _next_multiple(start, budget.log_every), _next_multiple(start, budget.checkpoint_every)
+        next_eval = _next_multiple(start, budget.eval_every) if budget.eval_every else None
+        bar = tqdm(total=budget.online_steps, initial=start, desc="online", unit="step", dynamic_ncols=True)
+        while progress.env_steps < budget.online_steps:
+            actions = actor.act(obs)
+            result = env.step(actions)
+            self.buffer.add(obs, actions, result.reward, result.terminated, result.truncated, result.next_obs,
+                            result.lost)
+            obs = result.obs
+            progress.env_steps += B
+            steps = progress.env_steps
+            bar.update(B)
+
+            episode_return += result.reward.numpy()
+            episode_len += 1
+            done = result.done.numpy()
+            lost = np.zeros(B, bool) if result.lost is None else result.lost.numpy()
+            for i in np.flatnonzero(done & ~lost):
+                recent.append((bool(result.success[i]), episode_return[i], episode_len[i]))
+            episode_return[done], episode_len[done] = 0.0, 0
+            actor.reset(np.flatnonzero(done))  # auto-reset started new episodes there
+            if actor.param_noise_std > 0 and done.any():
+                actor.resample_noise(sorted({int(i) % actor.num_groups for i in np.flatnonzero(done)}))
+
+            for _ in range(updates_per_iter):
+                metrics = self.update()
+
+            if steps >= next_log or steps >= budget.online_steps:
+                next_log = _next_multiple(steps, budget.log_every)
+                stats = _episode_stats(recent)
+                stats["steps_per_s"] = (steps - start) / (time.time() - t0)
+                stats["worker_restarts"] = getattr(env, "num_restarts", 0)
+                self.logger.log({**{f"online/{k}": v for k, v in metrics.items()},
+                                 **{f"rollout/{k}": v for k, v in stats.items()}, "env_steps": steps}, progress.step)
+                bar.set_postfix(success=f"{stats.get('success', float('nan')):.2f}",
+                                ret=f"{stats.get('return', float('nan')):.2f}", sps=f"{stats['steps_per_s']:.1f}")
+            if next_eval is not None and steps >= next_eval:
+                next_eval = _next_multiple(steps, budget.eval_every)
+                self.logger.log({**{f"eval/{k}": v for k, v in self._curve_point().items()}, "env_steps": steps},
+                                progress.step)
+            if steps >= next_ckpt or steps >= budget.online_steps:
+                next_ckpt = _next_multiple(steps, budget.checkpoint_every)
+                self.save()
+        bar.close()
+
+    def _evaluate_offline_start(self) -> None:
+        """The policy fine-tuning starts from, evaluated once (a resumed run reads it back from
+        offline_eval.json): the line the learning curve must climb above."""
+        path = self.run_dir / "offline_eval.json"
+        if self.buffer.num_offline and not path.exists():
+            write_json(path, self.eval("offline", ["none"])["actors"]["none"])
+            self.logger.log({"eval/offline_success_rate": json.loads(path.read_text())["success_rate"]},
+                            self.progress.offline_step)
+        if path.exists():
+            self.offline_success_rate = json.loads(path.read_text())["success_rate"]
+            self.curve.set_offline(self.offline_success_rate)
+
+    def _curve_point(self) -> dict:
+        """Paired episodes with and without search: a point of both learning curves."""
+        rates = {a: r["success_rate"] for a, r in self.eval(f"step{self.progress.env_steps}")["actors"].items()}
+        self.curve.add(self.progress.env_steps, rates[self.acting], rates["none"] if self.search else None)
+        return {"success_rate": rates[self.acting], **({"success_rate_no_search": rates["none"]} if self.search else {})}
 
 
 def _next_multiple(step: int, every: int) -> int:

@@ -14,6 +14,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 
+def write_json(path: str | Path, data: dict) -> None:
+    """`data` as indented JSON at `path`, atomically (a temp file, then rename): a crash leaves the old file."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
 class RunLogger:
     """`log(metrics, step)` writes one JSON line (flushed) and forwards to wandb when enabled.
 

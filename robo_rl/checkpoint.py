@@ -1,0 +1,190 @@
+"""Checkpoints, and the agent, planner and actor that a config or a checkpoint describes.
+
+Training and evaluation build through this one module, so an agent rebuilt from a checkpoint is built
+the way the run that trained it built it (robomimic's `policy_from_checkpoint` idea):
+
+    build_agent(cfg.agent, obs_shapes, num_tasks, device)   SORLAgent from the `agent` group
+    build_planner(cfg.planner, gamma)                       QWM search from the `planner` group (None for `none`)
+    build_actor(agent, cfg.planner, gamma, seed)            the agent acting, through the search or alone
+    agent_from_checkpoint(state) / actor_from_checkpoint(state, cfg)   the same from a checkpoint's own config
+
+The search discounts with the critic's discount, `train.gamma` (of the run, or of the checkpoint's config).
+
+A checkpoint, `checkpoints/step_XXXXXXXX.pt` under the run directory, is the dict `training_state` makes:
+    {"agent", "optimizer", "rng", "config", "obs_shapes", "num_tasks", "phase", "offline_step", "env_steps"}
+and an online checkpoint also {"buffer": {"file": "buffer_XXXXXXXX.h5", "write_counts": [...]}}: its own
+replay buffer, saved beside it. Every file is written atomically (temp file, then rename) and the buffer
+before the checkpoint that names it, so a crash at any moment leaves the newest complete checkpoint with
+exactly its own buffer; files of a torn save are ignored and pruned. The newest two are kept.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from robo_rl.agents.sorl import SORLAgent, SORLConfig
+from robo_rl.core import ACTION_DIM
+from robo_rl.data.buffer import ReplayBuffer
+from robo_rl.planning.actor import AgentActor
+from robo_rl.planning.qwm import QWMConfig, QWMPlanner
+from robo_rl.utils.schema import ConfigError, from_dict
+from robo_rl.utils.seeding import rng_state, set_rng_state
+
+KEEP_LAST = 2
+# Agent settings that change how a trained agent acts, not its weights: evaluate.py may override them.
+ACTING_SETTINGS = ("sample_steps", "best_of_n")
+
+
+# -- building from config groups ---------------------------------------------------------------
+def _group(node: Mapping | DictConfig) -> dict:
+    """A config group as a plain dict without its `name`."""
+    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    raw.pop("name", None)
+    return raw
+
+
+def agent_settings(agent_cfg: Mapping | DictConfig, compile: bool = False) -> SORLConfig:
+    """SORLConfig of an `agent` group (typed and range-checked); `compile` is the top-level `compile=`."""
+    raw = _group(agent_cfg)
+    if "compile" in raw:
+        raise ConfigError("agent.compile: torch.compile is the top-level setting `compile=`; remove agent.compile")
+    return from_dict(SORLConfig, {**raw, "compile": compile}, "agent")
+
+
+def build_agent(agent_cfg: Mapping | DictConfig, obs_shapes: dict[str, tuple[int, ...]], num_tasks: int,
+                device: str | torch.device = "cpu", compile: bool = False) -> SORLAgent:
+    """The SORLAgent an `agent` group describes, for observations `obs_shapes` and task ids < num_tasks."""
+    return SORLAgent(obs_shapes, ACTION_DIM, num_tasks, agent_settings(agent_cfg, compile), device=device)
+
+
+def build_planner(planner_cfg: Mapping | DictConfig | None, gamma: float) -> QWMPlanner | None:
+    """The search a `planner` group describes, discounting by `gamma` (the critic's, train.gamma);
+    None for no group or `name: none`."""
+    if planner_cfg is None or planner_cfg["name"] == "none":
+        return None
+    return QWMPlanner(from_dict(QWMConfig, _group(planner_cfg), "planner"), gamma)
+
+
+def build_actor(agent: SORLAgent, planner_cfg: Mapping | DictConfig | None, gamma: float, seed: int,
+                best_of_n: int | None = None, param_noise_std: float = 0.0, num_groups: int = 1) -> AgentActor:
+    """`agent` acting through the search `planner_cfg` describes (None or `none`: the policy alone).
+
+    The policy samples with the agent's `sample_steps`; best_of_n defaults to the agent's `best_of_n`.
+    """
+    planner = build_planner(planner_cfg, gamma)
+    if planner is not None and agent.world_model is None:
+        raise ValueError("planner=qwm needs an agent with a world model (agent.world_model=true)")
+    return AgentActor(agent, planner, best_of_n=best_of_n, param_noise_std=param_noise_std,
+                      num_groups=num_groups, seed=seed)
+
+
+# -- checkpoint files --------------------------------------------------------------------------
+def training_state(cfg: DictConfig, agent: SORLAgent, phase: str, offline_step: int, env_steps: int) -> dict:
+    """What a checkpoint holds (module docstring): everything to resume `phase` ("offline" | "online")."""
+    return {
+        "agent": agent.state_dict(),
+        "optimizer": agent.optimizer.state_dict(),
+        "rng": rng_state(),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "obs_shapes": agent.encoder.obs_shapes,
+        "num_tasks": agent.encoder.num_tasks,
+        "phase": phase,
+        "offline_step": offline_step,
+        "env_steps": env_steps,
+    }
+
+
+def restore_training_state(agent: SORLAgent, state: dict) -> None:
+    """Weights, optimizer and RNG states of checkpoint `state` into `agent` (built as the checkpoint's was)."""
+    agent.load_state_dict(state["agent"])
+    agent.optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"])
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir: str | Path, step: int, state: dict, buffer: ReplayBuffer | None = None) -> Path:
+    """Write `state` (and `buffer`, if given) as checkpoint `step`; prune all but the newest KEEP_LAST."""
+    directory = checkpoint_dir(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    if buffer is not None:
+        name = f"buffer_{step:08d}.h5"
+        buffer.save(directory / name)
+        state = {**state, "buffer": {"file": name, "write_counts": buffer.write_counts}}
+    path = directory / f"step_{step:08d}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    _prune(directory)
+    return path
+
+
+def _prune(directory: Path) -> None:
+    """Keep the newest KEEP_LAST checkpoints and the buffers they name; drop everything else."""
+    checkpoints = sorted(directory.glob("step_*.pt"))
+    for old in checkpoints[:-KEEP_LAST]:
+        old.unlink()
+    kept = {f"buffer_{p.stem.removeprefix('step_')}.h5" for p in checkpoints[-KEEP_LAST:]}
+    for stale in directory.glob("buffer_*.h5"):
+        if stale.name not in kept:
+            stale.unlink()
+    for torn in directory.glob("*.tmp*"):  # temp files of a save that a crash interrupted
+        torn.unlink()
+
+
+def load_buffer(run_dir: str | Path, state: dict, device: str | torch.device = "cpu") -> ReplayBuffer:
+    """The replay buffer saved with checkpoint `state`, verified to be the one it was saved with."""
+    saved = state.get("buffer")
+    if saved is None:
+        raise ValueError(f"the checkpoint of step {state['offline_step'] + state['env_steps']} in {run_dir} "
+                         "has no replay buffer (offline checkpoints have none)")
+    path = checkpoint_dir(run_dir) / saved["file"]
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: its checkpoint cannot be resumed; delete the run directory "
+                                "or its newest step_*.pt to resume from the one before")
+    buffer = ReplayBuffer.load(path, device=device)
+    if buffer.write_counts != saved["write_counts"]:
+        raise ValueError(f"{path} does not match its checkpoint (write counts {buffer.write_counts} vs "
+                         f"{saved['write_counts']}); it was not saved with it")
+    return buffer
+
+
+def latest_checkpoint(path: str | Path) -> Path | None:
+    """`path` itself if it is a file, else the newest checkpoint of the run directory (or None)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    found = sorted(checkpoint_dir(path).glob("step_*.pt"))
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict:
+    found = latest_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(f"no checkpoint at {path} (expected a .pt file or a run directory "
+                                f"with checkpoints/step_*.pt)")
+    # weights_only=False: checkpoints hold optimizer state, RNG states and the config (our own files)
+    return torch.load(found, map_location=device, weights_only=False)
+
+
+# -- rebuilding from a checkpoint ----------------------------------------------------------------
+def agent_from_checkpoint(state: dict, device: str | torch.device = "cpu",
+                          acting: Mapping[str, object] | None = None) -> SORLAgent:
+    """The trained SORLAgent of a checkpoint: architecture from the checkpoint's own config, then its
+    weights. `acting` overrides the ACTING_SETTINGS (sample_steps, best_of_n) it acts with."""
+    agent = build_agent({**state["config"]["agent"], **(acting or {})}, state["obs_shapes"], state["num_tasks"], device)
+    agent.load_state_dict(state["agent"])
+    return agent
+
+
+def actor_from_checkpoint(state: dict, cfg: DictConfig, **actor_kwargs) -> AgentActor:
+    """The checkpoint's agent acting as `cfg` says: through `cfg.planner` (discounted by the checkpoint's
+    train.gamma), with cfg.agent's acting settings (sample_steps, best_of_n), seeded by cfg.seed."""
+    agent = agent_from_checkpoint(state, cfg.device, {k: cfg.agent[k] for k in ACTING_SETTINGS})
+    return build_actor(agent, cfg.planner, state["config"]["train"]["gamma"], cfg.seed, **actor_kwargs)

@@ -1,0 +1,1 @@
+"""Demonstrations made with the simulator: scripted experts, their rollouts, raw robosuite demos replayed."""

@@ -1,0 +1,111 @@
+"""Where a run's demonstrations come from: `dataset=PATH` files checked against the task, else the task's
+scripted demos (collected once, cached as robomimic HDF5), else none (online from scratch)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from robo_rl.core import ACTION_DIM
+from robo_rl.data.hdf5 import DatasetError, Episode, dataset_files, read_env_args, read_hdf5, write_robomimic
+from robo_rl.demos.collect import collect_demos
+from robo_rl.envs.libero import task_instructions, task_of_instruction
+from robo_rl.envs.spec import EnvSpec
+from robo_rl.utils.schema import ConfigError
+
+TASK_CONF = Path(__file__).resolve().parents[2] / "conf" / "task"
+
+
+def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
+    """Demonstrations to pretrain on: `dataset=PATH` (file or folder of HDF5 files), else the task's
+    scripted demos (generated on first use, cached under `demo_cache`), else none (online from scratch)."""
+    keys = list(spec.low_dim_keys + spec.rgb_keys)
+    if cfg.dataset:
+        paths = check_dataset(cfg.dataset, cfg.task)
+        instructions = task_instructions(spec.env_name) if spec.suite == "libero" else None
+        episodes = []
+        for path in paths:
+            data = read_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM, normalized_actions=True)
+            task_id = _task_of(data.episodes[0].instruction, instructions, path)
+            for e in data.episodes:
+                e.task_id = task_id
+            episodes += data.episodes
+        print(f"[data] {len(episodes)} demos ({sum(e.num_steps for e in episodes)} steps) from {cfg.dataset}")
+        return [_resize_images(e, spec) for e in episodes]
+    if cfg.task.get("expert"):
+        return scripted_demos(cfg, spec)
+    print(f"[data] no demonstrations for task {cfg.task.name} (pass dataset=PATH to pretrain on a "
+          f"Robomimic/LIBERO HDF5 file): starting online from scratch")
+    return []
+
+
+def scripted_demos(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
+    """The task's scripted demos, from the cache or collected now (and cached as robomimic HDF5)."""
+    n = cfg.budget.num_demos
+    modality = f"{cfg.env.modality}{spec.image_size if spec.rgb_keys else ''}"
+    path = Path(cfg.demo_cache) / f"{cfg.task.name}_{modality}_{n}demos_seed{cfg.seed}.hdf5"
+    if not path.exists():
+        print(f"[data] collecting {n} scripted {cfg.task.name} demos -> {path}")
+        episodes, rate, env_args = collect_demos(spec, cfg.task.expert, n, noise=0.1, seed=cfg.seed,
+                                                 num_envs=cfg.env.num_envs)
+        print(f"[data] scripted expert success rate {rate:.2f}")
+        write_robomimic(path, episodes, env_args, attrs={"expert_success_rate": rate})
+    return read_hdf5(path, obs_keys=list(spec.low_dim_keys + spec.rgb_keys), action_dim=ACTION_DIM,
+                     normalized_actions=True).episodes
+
+
+def check_dataset(dataset: str | Path, task) -> list[Path]:
+    """The HDF5 files `dataset=` names, each checked from its attrs alone to hold demos of `task` (the
+    `task` group): LIBERO files for LIBERO suites, robomimic files recorded in the task's robosuite env
+    otherwise. `robo_rl/config.py` runs this before a run starts; loading the demos runs it again."""
+    try:
+        files = dataset_files(dataset)
+    except DatasetError as e:  # its message starts with the path
+        raise ConfigError(f"dataset={e}") from None
+    for path in files:
+        fmt, env_args = read_env_args(path)
+        recorded = env_args.get("env_name")
+        if task.suite == "libero" and fmt != "libero":
+            raise ConfigError(f"dataset {path} is a robomimic file of {recorded}, but task={task.name} is a LIBERO "
+                              "suite that trains on LIBERO files (one per task); pass those, or "
+                              f"{_task_for(recorded)} for this file")
+        if task.suite == "robosuite" and fmt == "libero":
+            raise ConfigError(f"dataset {path} is a LIBERO file, but task={task.name} is a robosuite task that "
+                              f"trains on robomimic files of {task.env_name}; pass a LIBERO task (task=libero_10, "
+                              f"libero_spatial, ...) for LIBERO data, or a robomimic {task.env_name} dataset")
+        if task.suite == "robosuite" and recorded != task.env_name:
+            raise ConfigError(f"dataset {path} was recorded in {recorded}, but task={task.name} runs "
+                              f"{task.env_name}: pass {_task_for(recorded)}, or a {task.env_name} dataset")
+    return files
+
+
+def _task_for(env_name: str | None) -> str:
+    """`task=<name>` of the robosuite task config (conf/task/) that runs `env_name`."""
+    for path in sorted(TASK_CONF.glob("*.yaml")):
+        if OmegaConf.load(path).get("env_name") == env_name:
+            return f"task={path.stem}"
+    return f"the task whose env_name is {env_name}"
+
+
+def _task_of(instruction: str | None, instructions: list[str] | None, path: Path) -> int:
+    """LIBERO files hold one task each: its index in the suite, found by its language instruction."""
+    if instructions is None:
+        return 0
+    task_id = task_of_instruction(instructions, instruction)
+    if task_id is None:
+        raise ConfigError(f"dataset {path}: instruction {instruction!r} is not a task of this suite; "
+                          f"pass the dataset files of the suite you train on")
+    return task_id
+
+
+def _resize_images(episode: Episode, spec: EnvSpec) -> Episode:
+    """Dataset cameras at another resolution than the env's (LIBERO files are 128 px) are resized
+    (area averaging) so that demos and env observations share one shape."""
+    for key in spec.rgb_keys:
+        images = episode.obs[key]  # [T+1, C, H, W] uint8
+        if images.shape[-2:] != (spec.image_size, spec.image_size):
+            resized = F.interpolate(torch.from_numpy(images).float(), size=(spec.image_size,) * 2, mode="area")
+            episode.obs[key] = resized.round().clamp(0, 255).to(torch.uint8).numpy()
+    return episode

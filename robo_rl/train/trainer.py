@@ -1,0 +1,96 @@
+"""What the offline and online trainers share: one agent learning from one replay buffer.
+
+A trainer is built once from (cfg, env, agent, buffer, logger) plus the run directory and the run's
+counters, as TD-MPC2's trainers are; `train()` runs its phase, `eval()` plays evaluation episodes.
+`robo_rl/train/run.py` builds both for a run: OfflineTrainer (gradient steps on the demonstrations),
+then OnlineTrainer (acting in the envs, learning from the transitions it collects).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from robo_rl.agents.sorl import SORLAgent
+from robo_rl.checkpoint import build_actor, save_checkpoint, training_state
+from robo_rl.data.buffer import ReplayBuffer
+from robo_rl.envs import make_vec_env
+from robo_rl.eval.rollout import eval_seed, evaluate_actors
+from robo_rl.utils.logging import RunLogger
+
+
+@dataclass
+class Progress:
+    """The run's counters, saved in every checkpoint."""
+
+    offline_step: int = 0  # gradient steps on the demonstrations
+    env_steps: int = 0  # online env steps, summed over envs
+
+    @property
+    def step(self) -> int:
+        """The run's one axis for logs and checkpoint names: offline steps, then offline steps + env steps."""
+        return self.offline_step + self.env_steps
+
+
+class Trainer:
+    """The agent, its buffer, the run's counters and where the run writes; `update()` is one gradient step.
+
+    env: the training envs (None offline). Evaluation builds its own envs (no auto-reset, with a video
+    renderer when asked) and acts as `actors` names them: "none" is the policy alone, cfg.planner.name
+    (e.g. "qwm") acts through the search; `self.actors` are the run's: the acting one first, and the
+    policy alone beside it when there is a search, on paired episodes.
+    """
+
+    phase: str  # "offline" | "online": what a checkpoint this trainer saves resumes into
+
+    def __init__(self, cfg: DictConfig, env, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger,
+                 run_dir: Path, progress: Progress):
+        self.cfg, self.env, self.agent, self.buffer, self.logger = cfg, env, agent, buffer, logger
+        self.run_dir, self.progress = Path(run_dir), progress
+        self.search = cfg.planner.name != "none"
+        self.acting = cfg.planner.name if self.search else "none"
+        self.actors = [self.acting, "none"] if self.search else [self.acting]
+
+    def update(self) -> dict[str, float]:
+        """One gradient step on an RLPD-mixed batch of real transitions (+ real sub-trajectories for the
+        world model), `budget.batch_size` of each.
+
+        Single actions: n-step returns (train.nstep). Chunks of h actions: a transition spans the h env
+        steps of a chunk and its return is their h-step return (the config allows only train.nstep=1
+        there); a world-model step is one chunk, so its sub-trajectories are seq_horizon·h env steps.
+        """
+        budget, h = self.cfg.budget, self.agent.config.action_horizon
+        if h == 1:
+            batch = self.buffer.sample(budget.batch_size, nstep=self.cfg.train.nstep)
+        else:
+            batch = self.buffer.sample_chunks(budget.batch_size, h)
+        seq = None
+        if self.agent.world_model is not None and self.buffer.can_sample_sequences(budget.seq_horizon * h):
+            seq = self.buffer.sample_sequences(budget.batch_size, budget.seq_horizon * h)
+        return self.agent.update(batch, seq)
+
+    def save(self) -> Path:
+        """Checkpoint at the current counters (online: with the replay buffer)."""
+        p = self.progress
+        state = training_state(self.cfg, self.agent, self.phase, p.offline_step, p.env_steps)
+        return save_checkpoint(self.run_dir, p.step, state, buffer=self.buffer if self.phase == "online" else None)
+
+    def eval(self, tag: str, actors: list[str] | None = None, videos: int = 0) -> dict:
+        """`budget.eval_episodes` paired episodes of the current agent as each of `actors` (default
+        `self.actors`) in one pass; the first `videos` of them as mp4 under run_dir/videos/tag.
+        Returns evaluate_actors' dict."""
+        cfg = self.cfg
+        planners = {"none": None, cfg.planner.name: cfg.planner}
+        env = make_vec_env(cfg, render=videos > 0, autoreset=False)
+        try:
+            result = evaluate_actors(
+                env, {a: build_actor(self.agent, planners[a], cfg.train.gamma, cfg.seed) for a in actors or self.actors},
+                cfg.budget.eval_episodes, seed=eval_seed(cfg.seed), video_dir=self.run_dir / "videos" / tag,
+                num_videos=videos, wrist_video=True)
+        finally:
+            env.close()
+        for name, r in result["actors"].items():
+            lo, hi = r["success_ci"]
+            print(f"[eval] {tag} {name}: success {r['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] over {r['episodes']} episodes")
+        return result
