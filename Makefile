@@ -1,5 +1,5 @@
 # make setup : install everything into .venv (seconds when already installed)
-# make test  : setup + the test suite
+# make test  : setup + the layer contract (lint-imports, pyproject.toml) + the test suite
 # make demo  : setup + the default training run (task=lift, state obs, CPU budget)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/setup.sh robo_rl/envs/setup_sim
 	touch $(STAMP)
 
 test: setup
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests
 
 demo: setup
