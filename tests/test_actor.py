@@ -26,9 +26,24 @@ def obs(batch: int) -> dict:
 def test_search_actor_picks_one_of_the_policy_candidates():
     agent = small_agent()
     actor = AgentActor(agent, QWMPlanner(QWMConfig(num_actions=4, num_samples=4, depth=2, leaf_actions=2)))
+    draws = []  # every batch of actions the policy samples during the search
+    sample = agent.policy.sample
+
+    def recording_sample(z, *args, **kwargs):
+        draws.append(sample(z, *args, **kwargs))
+        return draws[-1]
+
+    agent.policy.sample = recording_sample
     actions = actor.act(obs(6))
-    assert actions.shape == (6, 3) and actions.abs().max() <= 1.0
-    assert actions.device.type == "cpu"
+    assert actions.shape == (6, 3) and actions.device.type == "cpu"
+    # The search's first draw holds the N=4 root candidates of each env (rows env-major); later draws
+    # (probe actions of imagined states, leaf actions) are other samples, which must not come out.
+    roots = draws[0].float().cpu().view(6, 4, 3)
+    assert len(draws) > 1
+    for env in range(6):
+        assert sum(torch.equal(actions[env], c) for c in roots[env]) == 1, (actions[env], roots[env])
+        later = torch.cat([d.float().cpu() for d in draws[1:]])
+        assert not (later == actions[env]).all(1).any()
 
 
 def test_param_noise_perturbs_each_group_and_resamples_independently():

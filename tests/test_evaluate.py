@@ -7,8 +7,10 @@ from pathlib import Path
 
 import imageio.v2 as imageio
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
+from robo_rl.envs import env_spec
 from robo_rl.envs.vector import VecEnv
 from robo_rl.eval.policies import RandomPolicy
 from robo_rl.eval.rollout import evaluate_actors
@@ -51,9 +53,11 @@ def test_random_policy_fails_lift(tmp_path):
 
 
 def test_libero_10_config_means_the_ten_tasks():
-    out = run_script("evaluate.py", "--cfg", "job", "task=libero_10")
-    assert "env_name: libero_10" in out and "task_ids:\n  - 0" in out.replace("  task_ids", "task_ids")
-    assert "modality: image" in out
+    cfg = yaml.safe_load(run_script("evaluate.py", "--cfg", "job", "task=libero_10"))
+    assert cfg["task"]["env_name"] == "libero_10" and cfg["task"]["task_ids"] == list(range(10))
+    assert cfg["env"]["modality"] == "image"
+    spec = env_spec(OmegaConf.create(cfg))  # what the envs run: task i of the suite for i < 10
+    assert spec.task_ids == tuple(range(10)) and spec.num_tasks == 10
 
 
 def test_actors_share_each_episodes_initial_state(lift_spec):

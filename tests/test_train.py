@@ -36,13 +36,19 @@ def lift_run(tmp_path_factory) -> Path:
 def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
     run_dir = lift_run
     result = json.loads((run_dir / "eval.json").read_text())
-    for key in ("success_rate", "success_rate_no_search", "offline_success_rate", "episodes"):
-        assert key in result
-    # One pass of paired episodes with search (top level) and without.
-    assert set(result["actors"]) == {"qwm", "none"} and result["episodes"] == result["search_gain"]["episodes"]
-    for rate, (lo, hi) in ((result["success_rate"], result["success_ci"]),
-                           (result["success_rate_no_search"], result["success_ci_no_search"])):
-        assert 0.0 <= lo <= rate <= hi <= 1.0
+    # One pass of paired episodes with search (top level) and without, budget.eval_episodes (2) of each.
+    assert set(result["actors"]) == {"qwm", "none"} and result["episodes"] == result["search_gain"]["episodes"] == 2
+    assert result["actors"]["qwm"]["success_rate"] == result["success_rate"]
+    assert result["actors"]["none"]["success_rate"] == result["success_rate_no_search"]
+    for rate, (lo, hi), name in ((result["success_rate"], result["success_ci"], "qwm"),
+                                 (result["success_rate_no_search"], result["success_ci_no_search"], "none")):
+        episodes = result["actors"][name]["per_episode"]
+        assert len(episodes) == 2 and rate == sum(e["success"] for e in episodes) / 2  # the rate of these episodes
+        assert lo <= rate <= hi
+    # The offline start: the policy alone right after pretraining, on its own 2 episodes.
+    offline = json.loads((run_dir / "offline_eval.json").read_text())
+    assert offline["episodes"] == 2 and result["offline_success_rate"] == offline["success_rate"] == (
+        sum(e["success"] for e in offline["per_episode"]) / 2)
     gain = result["search_gain"]
     assert gain["mean"] == pytest.approx(result["success_rate"] - result["success_rate_no_search"])
     assert gain["ci_low"] <= gain["mean"] <= gain["ci_high"]
@@ -74,9 +80,24 @@ def test_checkpoint_rebuilds_the_trained_agent(lift_run):
     assert rebuilt.keys() == state["agent"].keys()
     assert all(torch.equal(rebuilt[k], state["agent"][k]) for k in rebuilt)
     assert actor.planner is not None  # trained with planner=qwm: the actor searches
+    # ... discounting as the critic learned to (train.gamma) and sampling the policy as trained
+    assert actor.planner.gamma == state["config"]["train"]["gamma"]
+    assert actor.agent.policy.sample_steps == state["config"]["agent"]["sample_steps"]
+
+
+def test_checkpoint_holds_the_keys_its_docstring_names(lift_run):
+    import re
+
+    import robo_rl.checkpoint
+
+    named = re.search(r"\{(\"agent\".*?)\}", robo_rl.checkpoint.__doc__, re.S).group(1)
+    documented = set(re.findall(r'"(\w+)"', named))
+    state = load_checkpoint(lift_run)  # the last one is online: it also names its buffer
+    assert set(state) == documented | {"buffer"} and set(state["buffer"]) == {"file", "write_counts"}
 
 
 def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):
+    trained = json.loads((lift_run / "eval.json").read_text())["actors"]["none"]["per_episode"]
     for planner in ("none", "qwm"):
         out_dir = tmp_path / planner
         subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"checkpoint={lift_run}",
@@ -85,6 +106,10 @@ def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):
         result = json.loads((out_dir / "eval.json").read_text())
         assert result["planner"] == planner and result["num_episodes"] == 2
         assert result["policy"] == str(lift_run)
+        # One seed convention: evaluate.py (seed=0) plays the episodes of the final evaluation of the run
+        # it evaluates (trained with seed=0).
+        assert [(e["seed"], e["init_digest"]) for e in result["per_episode"]] == [
+            (e["seed"], e["init_digest"]) for e in trained]
 
 
 def test_evaluate_compares_actors_on_paired_episodes(lift_run, tmp_path):
@@ -206,5 +231,10 @@ def test_libero_10_pretrains_on_libero_files(tmp_path):
                 f"dataset={data_dir}", "budget.online_steps=20", "budget.batch_size=16").stdout
     assert "[data] 2 demos (24 steps)" in out
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert any("offline/fm_loss" in l for l in lines), "no offline pretraining on the LIBERO files"
-    assert json.loads((run_dir / "eval.json").read_text())["offline_success_rate"] >= 0.0
+    assert [l["step"] for l in lines if "offline/fm_loss" in l] == [10, 20, 30], "no offline pretraining on the files"
+    state = load_checkpoint(run_dir)
+    assert state["offline_step"] == 30 and load_buffer(run_dir, state).num_offline == 24  # both files' steps
+    # The offline start was evaluated (the pretrained policy alone, one episode per task) and reported.
+    offline = json.loads((run_dir / "offline_eval.json").read_text())
+    assert set(offline["per_task"]) == {"0", "1"} and offline["episodes"] == 2
+    assert json.loads((run_dir / "eval.json").read_text())["offline_success_rate"] == offline["success_rate"]
