@@ -1,4 +1,4 @@
-"""Non-learned policies for evaluation: uniform random and the scripted experts."""
+"""Non-learned policies for evaluation: uniform random actions (the scripted experts: robo_rl/demos/experts.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -111,7 +111,8 @@ class OnlineTrainer(Trainer):
         """Paired episodes with and without search: a point of both learning curves."""
         rates = {a: r["success_rate"] for a, r in self.eval(f"step{self.progress.env_steps}")["actors"].items()}
         self.curve.add(self.progress.env_steps, rates[self.acting], rates["none"] if self.search else None)
-        return {"success_rate": rates[self.acting], **({"success_rate_no_search": rates["none"]} if self.search else {})}
+        return {"success_rate": rates[self.acting],
+                **({"success_rate_no_search": rates["none"]} if self.search else {})}
 
 
 def _next_multiple(step: int, every: int) -> int:

@@ -52,6 +52,10 @@ class Trainer:
         self.acting = cfg.planner.name if self.search else "none"
         self.actors = [self.acting, "none"] if self.search else [self.acting]
 
+    def train(self) -> None:
+        """Run this trainer's phase from the current counters, checkpointing as the budget says."""
+        raise NotImplementedError
+
     def update(self) -> dict[str, float]:
         """One gradient step on an RLPD-mixed batch of real transitions (+ real sub-trajectories for the
         world model), `budget.batch_size` of each.
@@ -84,13 +88,13 @@ class Trainer:
         planners = {"none": None, cfg.planner.name: cfg.planner}
         env = make_vec_env(cfg, render=videos > 0, autoreset=False)
         try:
-            result = evaluate_actors(
-                env, {a: build_actor(self.agent, planners[a], cfg.train.gamma, cfg.seed) for a in actors or self.actors},
-                cfg.budget.eval_episodes, seed=eval_seed(cfg.seed), video_dir=self.run_dir / "videos" / tag,
-                num_videos=videos, wrist_video=True)
+            policies = {a: build_actor(self.agent, planners[a], cfg.train.gamma, cfg.seed) for a in actors or self.actors}
+            result = evaluate_actors(env, policies, cfg.budget.eval_episodes, seed=eval_seed(cfg.seed),
+                                     video_dir=self.run_dir / "videos" / tag, num_videos=videos, wrist_video=True)
         finally:
             env.close()
         for name, r in result["actors"].items():
             lo, hi = r["success_ci"]
-            print(f"[eval] {tag} {name}: success {r['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] over {r['episodes']} episodes")
+            print(f"[eval] {tag} {name}: success {r['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] "
+                  f"over {r['episodes']} episodes")
         return result
