@@ -33,12 +33,25 @@ def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
                 e.task_id = task_id
             episodes += data.episodes
         print(f"[data] {len(episodes)} demos ({sum(e.num_steps for e in episodes)} steps) from {cfg.dataset}")
+        check_pace(episodes, cfg.task.horizon, cfg.dataset)
         return [_resize_images(e, spec) for e in episodes]
     if cfg.task.get("expert"):
         return scripted_demos(cfg, spec)
     print(f"[data] no demonstrations for task {cfg.task.name} (pass dataset=PATH to pretrain on a "
           f"Robomimic/LIBERO HDF5 file): starting online from scratch")
     return []
+
+
+def check_pace(episodes: list[Episode], horizon: int, source) -> None:
+    """Warn when demos reach success only after more than `horizon` steps: a policy at their pace cannot
+    succeed within an episode (the 3 human Lift demos of robosuite succeed after 380-498 steps; Lift's
+    horizon is 200). A warning, not an error: short test horizons (budget=smoke) are deliberate.
+    Demos without any reward are not judged."""
+    steps = [int(e.rewards.nonzero()[0][0]) + 1 for e in episodes if e.rewards.any()]
+    if slow := [s for s in steps if s > horizon]:
+        print(f"[data] warning: {len(slow)} of {len(steps)} demos in {source} reach success after more than "
+              f"task.horizon={horizon} steps (up to {max(steps)}): episodes end before a policy at their pace "
+              f"can succeed; pass task.horizon={int(1.25 * max(steps))}", flush=True)
 
 
 def scripted_demos(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
