@@ -113,11 +113,11 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, buffer: ReplayB
     """Write `state` (and `buffer`, if given) as checkpoint `step`; prune all but the newest KEEP_LAST."""
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step_{step:08d}.pt"
     if buffer is not None:
-        name = f"buffer_{step:08d}.h5"
+        name = _buffer_name(path)
         buffer.save(directory / name)
         state = {**state, "buffer": {"file": name, "write_counts": buffer.write_counts}}
-    path = directory / f"step_{step:08d}.pt"
     tmp = path.with_suffix(".pt.tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
@@ -125,12 +125,17 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, buffer: ReplayB
     return path
 
 
+def _buffer_name(checkpoint: Path) -> str:
+    """The replay buffer file saved with checkpoint `step_N.pt`: `buffer_N.h5`."""
+    return f"buffer_{checkpoint.stem.removeprefix('step_')}.h5"
+
+
 def _prune(directory: Path) -> None:
     """Keep the newest KEEP_LAST checkpoints and the buffers they name; drop everything else."""
     checkpoints = sorted(directory.glob("step_*.pt"))
     for old in checkpoints[:-KEEP_LAST]:
         old.unlink()
-    kept = {f"buffer_{p.stem.removeprefix('step_')}.h5" for p in checkpoints[-KEEP_LAST:]}
+    kept = {_buffer_name(p) for p in checkpoints[-KEEP_LAST:]}
     for stale in directory.glob("buffer_*.h5"):
         if stale.name not in kept:
             stale.unlink()

@@ -34,7 +34,7 @@ class StepResult:
     truncated: torch.Tensor
     success: torch.Tensor
     next_obs: Obs
-    lost: torch.Tensor | None = None  # [B] bool; None: no env was lost (backends without workers)
+    lost: torch.Tensor  # [B] bool: the env's worker died, the step never happened (always False without workers)
 
     @property
     def done(self) -> torch.Tensor:
@@ -226,13 +226,18 @@ class VecEnv:
         for i, w in enumerate(workers):
             try:
                 w.recv(self.reset_timeout)
-            except WorkerDied as e:  # killed while building its scene: one more try, as for a running worker
-                print(f"[env] worker of env {i} died while starting ({e}); restarting it", file=sys.stderr, flush=True)
-                w.kill()
-                workers[i] = self._worker_cls(self.spec, i, self.num_envs)
-                workers[i].recv(self.reset_timeout)
-                self.num_restarts += 1
+            except WorkerDied:  # killed while building its scene: one more try, as for a running worker
+                self._replace_worker(workers, i, "died while starting")
         return workers
+
+    def _replace_worker(self, workers: list, i: int, why: str) -> None:
+        """Kill env i's worker in `workers` and wait for a fresh one to build its env; counted and logged."""
+        print(f"[env] worker of env {i} (pid {getattr(workers[i], 'pid', None)}) {why}; restarting it "
+              f"({self.num_restarts + 1} restart(s) so far)", file=sys.stderr, flush=True)
+        workers[i].kill()
+        workers[i] = _ProcessWorker(self.spec, i, self.num_envs)
+        workers[i].recv(self.reset_timeout)
+        self.num_restarts += 1
 
     # -- metadata ------------------------------------------------------------------------------
     @property
@@ -335,12 +340,7 @@ class VecEnv:
 
     def _restart(self, i: int) -> None:
         """Replace env i's worker and start a new episode there (seeded from its stream)."""
-        print(f"[env] worker of env {i} (pid {getattr(self.workers[i], 'pid', None)}) died; restarting it "
-              f"({self.num_restarts + 1} restart(s) so far)", file=sys.stderr, flush=True)
-        self.workers[i].kill()
-        self.workers[i] = _ProcessWorker(self.spec, i, self.num_envs)
-        self.workers[i].recv(self.reset_timeout)
-        self.num_restarts += 1
+        self._replace_worker(self.workers, i, "died")
         seed = None if self._seeds[i] is None else self._seeds[i] + self.num_envs
         self._seeds[i] = seed
         self.workers[i].send("reset", seed, None)

@@ -176,7 +176,7 @@ def evaluate_actors(
         for i, job in enumerate(running):
             if job is None:
                 continue
-            if result.lost is not None and bool(result.lost[i]):  # the worker died: run the episode again
+            if bool(result.lost[i]):  # the worker died: run the episode again
                 queue.insert(0, _Job(job.actor, job.index, job.task_id, job.init_state_id, job.seed, job.record))
                 finished.append(i)
                 continue

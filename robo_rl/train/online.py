@@ -66,7 +66,7 @@ class OnlineTrainer(Trainer):
             episode_return += result.reward.numpy()
             episode_len += 1
             done = result.done.numpy()
-            lost = np.zeros(B, bool) if result.lost is None else result.lost.numpy()
+            lost = result.lost.numpy()
             for i in np.flatnonzero(done & ~lost):
                 recent.append((bool(result.success[i]), episode_return[i], episode_len[i]))
             episode_return[done], episode_len[done] = 0.0, 0

@@ -14,12 +14,17 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 
-def write_json(path: str | Path, data: dict) -> None:
-    """`data` as indented JSON at `path`, atomically (a temp file, then rename): a crash leaves the old file."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """`text` at `path`, atomically (a temp file, then rename): a crash leaves the old file whole."""
     path = Path(path)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """`data` as indented JSON at `path`, atomically."""
+    write_text_atomic(path, json.dumps(data, indent=2))
 
 
 class RunLogger:
@@ -60,9 +65,7 @@ class RunLogger:
             except json.JSONDecodeError:  # the line a crash cut short
                 continue
         kept = [r for r in records if r["step"] <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        tmp.replace(self.path)
+        write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.last_step = kept[-1]["step"] if kept else -1
 
     def log(self, metrics: dict, step: int) -> None:

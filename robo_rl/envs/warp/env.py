@@ -179,7 +179,7 @@ class WarpVecEnv:
                 obs = self._merge(next_obs, self._reset_worlds(ids, seeds, None), done)
         self._obs = obs
         return StepResult(obs=obs, reward=reward, terminated=terminated, truncated=truncated,
-                          success=success, next_obs=next_obs)
+                          success=success, next_obs=next_obs, lost=torch.zeros_like(success))
 
     def render(
         self, env_ids: list[int] | None = None, camera: str = "agentview", size: int | None = None
