@@ -11,7 +11,7 @@ executed from the restored MuJoCo state and the policy finishes the episode, R t
                  optimistic by the noise of R rollouts)
   spearman       rank correlation, over a state's candidates, of each score with the true
                  discounted return, averaged over the states whose candidates differ
-  latent_error   world model vs the target encoder of the real next observations, by depth
+  latent_error   world model vs the encoder's latents of the real next observations, by depth
                  (mean squared error per latent dimension, over ensemble heads), beside the error
                  of predicting "no change" (latent_error_copy), which gives it a scale
   q_calibration  Q(s_t, a_t) of the visited states against the Monte-Carlo discounted return the
@@ -55,14 +55,15 @@ def mean_spearman(scores: np.ndarray, truth: np.ndarray) -> tuple[float, int]:
 
 @torch.no_grad()
 def latent_errors(agent, visited, depth: int) -> tuple[list[float], list[float]]:
-    """World-model error at depths 1..D against the target encoder of the real observations, and the
-    error of the "no change" prediction, both mean squared error per latent dimension."""
+    """World-model error at depths 1..D against the encoder's latents of the real observations (the space
+    it is trained to predict in), and the error of the "no change" prediction, both mean squared error
+    per latent dimension."""
     model_err, copy_err = [[] for _ in range(depth)], [[] for _ in range(depth)]
     for v in visited:
         if not v.future_obs:
             continue
         z0 = agent.encode(stack_obs([v.obs]))  # [1, Z]
-        targets = agent.target_encoder(agent._to_device(stack_obs(v.future_obs)))  # [d, Z]
+        targets = agent.encode(stack_obs(v.future_obs))  # [d, Z]
         z = agent.world_model.dynamics(z0, torch.as_tensor(v.future_actions[:1], device=agent.device))  # [E, 1, Z]
         for d in range(len(v.future_obs)):
             if d > 0:
@@ -104,7 +105,7 @@ def plot(result: dict, q_points: tuple[np.ndarray, np.ndarray], path: Path) -> N
     axes[2].plot(depths, result["latent_error"], "o-", label="world model")
     axes[2].plot(depths, result["latent_error_copy"], "s--", label="no change")
     axes[2].set_xlabel("depth")
-    axes[2].set_title("latent error vs target encoder")
+    axes[2].set_title("latent error vs the encoder")
     axes[2].legend()
     mc, q = q_points
     axes[3].scatter(mc, q, s=10)

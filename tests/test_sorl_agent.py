@@ -157,3 +157,33 @@ def test_conservative_term_ranks_actions_the_data_never_took_lower(weight):
         assert margin > 0.5
     else:  # plain TD extrapolates: no such ordering is learned
         assert margin < 0.5
+
+
+def test_update_trains_the_world_model_through_the_agents_own_optimizer():
+    """The agent's update must step every module it computes gradients for. The world model once had
+    gradients but no optimizer entry, so QWM searched with its random initialisation."""
+    from robo_rl.agents.world_model import WorldModelConfig
+
+    torch.manual_seed(0)
+    config = small_config(world_model=WorldModelConfig(num_heads=4, hidden_dim=64, num_layers=2))
+    agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=config)
+    batch = synthetic_batch(LIFT_SHAPES)
+    # Sequences whose next observation is a fixed function of the current one and the action: learnable.
+    action = torch.tanh(torch.randn(64, 2, ACTION_DIM))
+    steps = [{k: torch.randn(64, *s) for k, s in LIFT_SHAPES.items()}]
+    for t in range(2):
+        moved = dict(steps[-1])
+        moved["object"] = moved["object"] + 0.5 * torch.nn.functional.pad(action[:, t], (0, 3))
+        steps.append(moved)
+    obs = {k: torch.stack([step[k] for step in steps], dim=1) for k in LIFT_SHAPES}  # [B, 3, ...]
+    seq = {"obs": obs, "action": action, "reward": torch.zeros(64, 2), "terminal": torch.zeros(64, 2, dtype=torch.bool)}
+    before = [p.detach().clone() for p in agent.world_model.parameters()]
+    history = [agent.update(batch, seq) for _ in range(60)]
+    assert all(not torch.equal(b, p) for b, p in zip(before, agent.world_model.parameters()))
+    # Learned, not just moved: one step ahead, the heads predict the encoder's next latent better than
+    # "nothing changes" does (the observation moves with the action, so a model must use it).
+    with torch.no_grad():
+        z0, z1 = agent.encode({k: v[:, 0] for k, v in obs.items()}), agent.encode({k: v[:, 1] for k, v in obs.items()})
+        model_error = (agent.world_model.dynamics(z0, action[:, 0]) - z1).square().mean()
+        copy_error = (z0 - z1).square().mean()
+    assert model_error < 0.5 * copy_error

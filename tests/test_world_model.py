@@ -61,20 +61,24 @@ def test_samples_come_from_the_heads_and_k_equal_e_visits_every_head():
         model.next(z, a[:, :2], num_samples=2)
 
 
-def test_loss_trains_the_encoder_reads_the_target_and_names_bad_shapes():
+def test_loss_trains_the_encoder_through_the_first_latent_only_and_names_bad_shapes():
     model = LatentWorldModel(LATENT, ACTION, hidden_dim=16, reward=True, termination=True)
-    encoder, target = nn.Linear(5, LATENT), nn.Linear(5, LATENT)
-    encode = lambda e: lambda obs: e(obs["state"])  # noqa: E731
+    encoder = nn.Linear(5, LATENT)
+    encode = lambda obs: encoder(obs["state"])  # noqa: E731
     assert model.has_reward and model.has_termination
-    loss, metrics = model.loss(encode(encoder), encode(target), random_sequences(4, 3))
+    seq = random_sequences(4, 3)
+    state = seq["obs"]["state"].requires_grad_()
+    loss, metrics = model.loss(encode, seq)
     loss.backward()
-    assert encoder.weight.grad.abs().sum() > 0 and target.weight.grad is None
+    assert encoder.weight.grad.abs().sum() > 0
+    # The targets are read under stop-gradient: only the first observation's latent carries gradient.
+    assert state.grad[:, 0].abs().sum() > 0 and state.grad[:, 1:].abs().sum() == 0
     assert {"consistency", "reward", "termination", "ensemble_std", "loss"} <= metrics.keys()
 
     bad = random_sequences(4, 3)
     bad["reward"] = bad["reward"][:, :2]
     with pytest.raises(ValueError, match='seq\\["reward"\\] must be \\[B=4, H=3\\]'):
-        model.loss(encode(encoder), encode(target), bad)
+        model.loss(encode, bad)
 
 
 def test_consistency_is_each_heads_own_rollout_against_the_real_next_latents():
@@ -83,7 +87,7 @@ def test_consistency_is_each_heads_own_rollout_against_the_real_next_latents():
     encode = lambda obs: encoder(obs["state"])  # noqa: E731
     seq, horizon = random_sequences(4, 3), 3
     with torch.no_grad():
-        _, metrics = model.loss(encode, encode, seq)
+        _, metrics = model.loss(encode, seq)
         z_real = encoder(seq["obs"]["state"])  # [B, H+1, Z]
         expected = 0.0
         for head in range(model.num_heads):
@@ -103,10 +107,10 @@ def test_steps_after_a_terminal_do_not_count():
     padded = {**seq, "obs": {"state": seq["obs"]["state"].clone()}, "reward": seq["reward"].clone()}
     padded["obs"]["state"][:, 2:] = 1e3  # whatever follows the end is padding
     padded["reward"][:, 1:] = -1e3
-    loss = model.loss(encode, encode, seq)[0]
-    torch.testing.assert_close(loss, model.loss(encode, encode, padded)[0])
+    loss = model.loss(encode, seq)[0]
+    torch.testing.assert_close(loss, model.loss(encode, padded)[0])
     padded["obs"]["state"][:, 1] += 1.0  # the terminal step itself (and the state it ends in) counts
-    assert (model.loss(encode, encode, padded)[0] - loss).abs() > 1e-3
+    assert (model.loss(encode, padded)[0] - loss).abs() > 1e-3
 
 
 def test_reward_and_termination_heads_learn_a_known_rule():
@@ -126,13 +130,13 @@ def test_reward_and_termination_heads_learn_a_known_rule():
 
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(300):
-        loss, _ = model.loss(identity, identity, rollouts(64))
+        loss, _ = model.loss(identity, rollouts(64))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     held_out = rollouts(1024)
     with torch.no_grad():
-        _, metrics = model.eval().loss(identity, identity, held_out)
+        _, metrics = model.eval().loss(identity, held_out)
     assert metrics["reward"] < 0.1 * held_out["reward"].var()
     base_rate = held_out["terminal"].mean()  # BCE of always predicting the base rate
     base_bce = -(base_rate * base_rate.log() + (1 - base_rate) * (1 - base_rate).log())
@@ -211,7 +215,7 @@ def test_consistency_loss_learns_real_lift_dynamics(lift_spec):
     generator = torch.Generator().manual_seed(0)
     model.train()
     for _ in range(300):
-        loss, _ = model.loss(encoder, encoder, train(64, generator))
+        loss, _ = model.loss(encoder, train(64, generator))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

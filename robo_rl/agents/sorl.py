@@ -129,10 +129,10 @@ class SORLAgent(nn.Module):
                            self.critic.net, self.critic.target_net):
                 module.compile()
         # fused: one kernel per tensor instead of ~10 elementwise passes; matters for a 10-head critic on CPU.
+        # Every trained module, the same list whose gradients update() clips: a module missing here computes
+        # gradients that never change its weights.
         self.optimizer = torch.optim.Adam(
-            [*self.encoder.parameters(), *self.policy.parameters(), *self.critic.net.parameters()],
-            lr=cfg.lr,
-            fused=True,
+            [p for _, module in self._learners() for p in module.parameters()], lr=cfg.lr, fused=True
         )
         self.nonfinite_skipped = 0  # updates skipped for a non-finite loss or gradient norm, in total
         self._nonfinite_in_a_row = 0
@@ -200,7 +200,7 @@ class SORLAgent(nn.Module):
         if self.world_model is not None and seq is not None:
             seq = self._chunk_sequence({"obs": self._to_device(seq["obs"]), "action": seq["action"].to(self.device),
                                         "reward": seq["reward"].to(self.device), "terminal": seq["terminal"].to(self.device)})
-            wm_loss, wm_info = self.world_model.loss(self.encoder, self.target_encoder, seq)
+            wm_loss, wm_info = self.world_model.loss(self.encoder, seq)
             loss = loss + wm_loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -14,9 +14,11 @@ every head sees the whole batch, with per-sequence Poisson(1) loss weights drawn
 decorrelates the heads at no extra compute.
 
 Training (`loss`) is TD-MPC2's multi-step latent consistency on real sub-trajectories:
-    z_0 = encoder(o_0);  ẑ_{t+1} = next_e(ẑ_t, a_t);  L = c/H Σ_t ρ^t ‖ẑ_{t+1} − sg(target_encoder(o_{t+1}))‖²
-plus optional reward and termination heads (MSE / BCE on the predicted latents). Gradients reach the
-online encoder through z_0, as in TD-MPC2; the target encoder is only read.
+    z_0 = encoder(o_0);  ẑ_{t+1} = next_e(ẑ_t, a_t);  L = c/H Σ_t ρ^t ‖ẑ_{t+1} − sg(encoder(o_{t+1}))‖²
+plus optional reward and termination heads (MSE / BCE on the predicted latents). As in TD-MPC2, the
+targets come from the same online encoder under stop-gradient, not from a lagging target encoder: the
+planner starts from online latents and scores predicted ones with a critic trained on online latents,
+so that is the space the model must predict in. Gradients reach the encoder through z_0 only.
 """
 from __future__ import annotations
 
@@ -145,7 +147,7 @@ class LatentWorldModel(nn.Module):
         return torch.sigmoid(self.termination_logit(z, a))
 
     # -- training ----------------------------------------------------------------------------------
-    def loss(self, encoder: Encoder, target_encoder: Encoder, seq: dict) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, encoder: Encoder, seq: dict) -> tuple[Tensor, dict[str, float]]:
         """Multi-step latent consistency (+ reward / termination) on real sub-trajectories.
 
         seq: {"obs": {key: [B, H+1, ...]}, "action": [B, H, A], "reward": [B, H], "terminal": [B, H]}.
@@ -159,7 +161,7 @@ class LatentWorldModel(nn.Module):
         first = {k: v[:, 0] for k, v in seq["obs"].items()}
         later = {k: v[:, 1:] for k, v in seq["obs"].items()}
         with torch.no_grad():
-            target = rearrange(target_encoder(_flatten_time(later)), "(b t) z -> t b z", b=B)  # [H, B, Z]
+            target = rearrange(encoder(_flatten_time(later)), "(b t) z -> t b z", b=B)  # [H, B, Z]
         # Step t is real if no earlier step of the sequence ended the episode.
         alive = torch.cumprod(F.pad(1.0 - terminal[:, :-1], (1, 0), value=1.0), dim=1).t()  # [H, B]
         weight = torch.ones(self.num_heads, B, device=action.device)
