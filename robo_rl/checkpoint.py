@@ -3,7 +3,7 @@
 Training and evaluation build through this one module, so an agent rebuilt from a checkpoint is built
 the way the run that trained it built it (robomimic's `policy_from_checkpoint` idea):
 
-    build_agent(cfg.agent, obs_shapes, num_tasks, device)   SORLAgent from the `agent` group
+    build_agent(cfg.agent, obs_shapes, num_tasks, device)   SORLAgent from the `agent` group (+ instruction embeddings)
     build_planner(cfg.planner, gamma)                       QWM search from the `planner` group (None for `none`)
     build_actor(agent, cfg.planner, gamma, seed)            the agent acting, through the search or alone
     agent_from_checkpoint(state) / actor_from_checkpoint(state, cfg)   the same from a checkpoint's own config
@@ -56,9 +56,18 @@ def agent_settings(agent_cfg: Mapping | DictConfig, compile: bool = False) -> SO
 
 
 def build_agent(agent_cfg: Mapping | DictConfig, obs_shapes: dict[str, tuple[int, ...]], num_tasks: int,
-                device: str | torch.device = "cpu", compile: bool = False) -> SORLAgent:
-    """The SORLAgent an `agent` group describes, for observations `obs_shapes` and task ids < num_tasks."""
-    return SORLAgent(obs_shapes, ACTION_DIM, num_tasks, agent_settings(agent_cfg, compile), device=device)
+                device: str | torch.device = "cpu", compile: bool = False,
+                instruction_embeddings: torch.Tensor | None = None) -> SORLAgent:
+    """The SORLAgent an `agent` group describes, for observations `obs_shapes` and task ids < num_tasks.
+
+    instruction_embeddings [num_tasks, D]: the fixed table of an `agent.encoder.task=language` agent (row t:
+    task t's instruction); None leaves it for a checkpoint's state_dict to fill.
+    """
+    agent = SORLAgent(obs_shapes, ACTION_DIM, num_tasks, agent_settings(agent_cfg, compile), device=device)
+    if instruction_embeddings is not None:
+        for encoder in (agent.encoder, agent.target_encoder):
+            encoder.set_instruction_embeddings(instruction_embeddings.to(agent.device))
+    return agent
 
 
 def build_planner(planner_cfg: Mapping | DictConfig | None, gamma: float) -> QWMPlanner | None:
@@ -182,7 +191,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dic
 def agent_from_checkpoint(state: dict, device: str | torch.device = "cpu",
                           acting: Mapping[str, object] | None = None) -> SORLAgent:
     """The trained SORLAgent of a checkpoint: architecture from the checkpoint's own config, then its
-    weights. `acting` overrides the ACTING_SETTINGS (sample_steps, best_of_n) it acts with."""
+    weights (with the instruction embeddings of a language-conditioned agent: no text model needed).
+    `acting` overrides the ACTING_SETTINGS (sample_steps, best_of_n) it acts with."""
     agent = build_agent({**state["config"]["agent"], **(acting or {})}, state["obs_shapes"], state["num_tasks"], device)
     agent.load_state_dict(state["agent"])
     return agent

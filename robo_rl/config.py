@@ -181,6 +181,9 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
         if self.planner.name == "qwm" and not self.agent.world_model.enabled:
             raise ValueError("planner=qwm searches with the world model: set agent.world_model.enabled=true "
                              "or use planner=none")
+        if self.agent.encoder.task == "language" and self.task.suite != "libero":
+            raise ValueError(f"agent.encoder.task=language: task {self.task.name} has no language instructions "
+                             "(LIBERO suites do); use agent.encoder.task=index")
         if self.agent.action_horizon > 1 and self.train.nstep != 1:
             raise ValueError(f"train.nstep={self.train.nstep} with agent.action_horizon={self.agent.action_horizon}: "
                              "a chunk's TD target is the h-step return of its own actions, n-step returns over "

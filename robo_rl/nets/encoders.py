@@ -2,13 +2,18 @@
 
 Every learner (policy, critic, world model) acts on z, so this is the only module that knows
 observation keys. Low-dim keys are normalised with fixed statistics (buffers, saved in
-checkpoints), each camera goes through a small CNN (random-shift augmented while training), a task
-index selects a learned embedding, and an MLP fuses the parts into z with SimNorm (TD-MPC2).
-Language embeddings are not built in: tasks are identified by index (`task_id`).
+checkpoints), each camera goes through a small CNN (random-shift augmented while training), the task
+(`task_id`) is embedded, and an MLP fuses the parts into z with SimNorm (TD-MPC2).
+
+A task is embedded one of two ways (`EncoderConfig.task`): `index`, a learned vector per task id, or
+`language`, a learned projection of a fixed embedding of the task's instruction. The instruction
+embeddings come in as a table [num_tasks, D] (a buffer, so checkpoints carry it); this module never
+sees text or a text model (robo_rl/data/language.py makes the table).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +39,9 @@ class EncoderConfig:
     image_feature_dim: int = 64  # per-camera feature after the CNN
     share_cnn: bool = False  # one CNN for all cameras instead of one each
     random_shift_pad: int = 4  # DrQ random-shift augmentation in pixels (training only); 0 disables
-    task_embed_dim: int = 32  # learned task embedding, used when num_tasks > 1
+    task_embed_dim: int = 32  # task embedding size, used when num_tasks > 1
+    task: Literal["index", "language"] = "index"  # a learned vector per task id | projected instruction embedding
+    language_dim: int = 384  # D of the instruction embedding table (all-MiniLM-L6-v2: 384)
 
 
 class ImageEncoder(nn.Module):
@@ -74,6 +81,30 @@ def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
     batch = torch.arange(n, device=images.device)[:, None, None]
     # Advanced indices around a slice put their broadcast dims first: [N, H, W, C].
     return padded[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+
+
+class InstructionEmbedding(nn.Module):
+    """task id [N] -> a learned projection of its instruction's fixed embedding [N, E].
+
+    `table` [num_tasks, D] is a buffer (in every state_dict, never trained), NaN until `set_table`: an
+    encoder used before its instructions are known gives NaN latents, not a silently task-blind z.
+    """
+
+    def __init__(self, num_tasks: int, language_dim: int, embed_dim: int):
+        super().__init__()
+        self.register_buffer("table", torch.full((num_tasks, language_dim), float("nan")))
+        self.projection = nn.Linear(language_dim, embed_dim)
+
+    @torch.no_grad()
+    def set_table(self, table: torch.Tensor) -> None:
+        """table [num_tasks, D]: row t embeds the instruction of task t."""
+        if tuple(table.shape) != tuple(self.table.shape):
+            raise ValueError(f"instruction embeddings of shape {tuple(table.shape)}; this encoder embeds "
+                             f"{self.table.shape[0]} tasks with D={self.table.shape[1]} (agent.encoder.language_dim)")
+        self.table.copy_(table)
+
+    def forward(self, task_id: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.table[task_id])
 
 
 class ObsEncoder(nn.Module):
@@ -123,9 +154,11 @@ class ObsEncoder(nn.Module):
             cnn_keys = self.image_keys[:1] if config.share_cnn else self.image_keys
             for key in cnn_keys:
                 self.cnns[key] = ImageEncoder(self.obs_shapes[key], config.cnn_channels, config.image_feature_dim)
-        self.task_embedding = (
-            nn.Embedding(num_tasks, config.task_embed_dim, max_norm=1.0) if self.uses_task else None
-        )
+        self.task_embedding = None
+        if self.uses_task and config.task == "language":
+            self.task_embedding = InstructionEmbedding(num_tasks, config.language_dim, config.task_embed_dim)
+        elif self.uses_task:
+            self.task_embedding = nn.Embedding(num_tasks, config.task_embed_dim, max_norm=1.0)
 
         fused_dim = low_dim + len(self.image_keys) * config.image_feature_dim
         fused_dim += config.task_embed_dim if self.uses_task else 0
@@ -141,6 +174,13 @@ class ObsEncoder(nn.Module):
     @property
     def latent_dim(self) -> int:
         return self.config.latent_dim
+
+    def set_instruction_embeddings(self, table: torch.Tensor) -> None:
+        """The fixed instruction embeddings [num_tasks, D] of a `task=language` encoder (row t: task t)."""
+        if not isinstance(self.task_embedding, InstructionEmbedding):
+            raise ValueError(f"this encoder embeds tasks by {self.config.task} over {self.num_tasks} task(s); "
+                             "instruction embeddings need task=language and num_tasks > 1")
+        self.task_embedding.set_table(table)
 
     @torch.no_grad()
     def set_normalization(self, stats: dict[str, tuple]) -> None:

@@ -4,7 +4,8 @@
 everything once (env, agent, buffer, logger, learning curve), hands them to the OfflineTrainer and then
 the OnlineTrainer, and ends with one evaluation of paired episodes. Everything a run produces lives in
 its run directory: metrics.jsonl, checkpoints/ (+ the replay buffer once online), offline_eval.json,
-curves.json/png, eval.json, videos/. `resume=true` picks up from the newest checkpoint there: its model,
+curves.json/png, eval.json, videos/, and for language-conditioned LIBERO runs instruction_embeddings.json
+(the text model runs once per instruction; the checkpoints hold the table too). `resume=true` picks up from the newest checkpoint there: its model,
 optimizer, RNG and exactly the buffer saved with it; the episodes a crash interrupted end there,
 truncated, and the envs start new ones.
 """
@@ -13,13 +14,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from robo_rl.checkpoint import build_agent, latest_checkpoint, load_buffer, load_checkpoint, restore_training_state
 from robo_rl.core import ACTION_DIM, TASK_KEY, obs_shapes
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.data.hdf5 import Episode
-from robo_rl.envs import env_spec, make_vec_env
+from robo_rl.data.language import instruction_embeddings
+from robo_rl.envs import EnvSpec, env_spec, make_vec_env
+from robo_rl.envs.libero import task_instructions
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.offline import OfflineTrainer
 from robo_rl.train.online import OnlineTrainer
@@ -28,6 +32,8 @@ from robo_rl.train.trainer import Progress, Trainer
 from robo_rl.utils.logging import RunLogger, write_json
 from robo_rl.utils.schema import ConfigError
 from robo_rl.utils.seeding import seed_everything
+
+INSTRUCTION_CACHE = "instruction_embeddings.json"
 
 
 def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
@@ -46,7 +52,8 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
         first = episodes[0].obs if episodes else env.reset(seed=cfg.seed)
         shapes = {k: s for k, s in obs_shapes(first).items() if k in spec.low_dim_keys + spec.rgb_keys}
         shapes[TASK_KEY] = ()
-        agent = build_agent(cfg.agent, shapes, spec.num_tasks, cfg.device, cfg.compile)
+        agent = build_agent(cfg.agent, shapes, spec.num_tasks, cfg.device, cfg.compile,
+                            instruction_embeddings=_instruction_table(cfg, spec, run_dir))
         buffer = _build_buffer(cfg, shapes, episodes)
         if buffer.num_offline:
             agent.set_normalization(buffer.obs_stats())
@@ -93,6 +100,15 @@ def _checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> dict | None:
         print(f"[run] resuming from {found}" if found else f"[run] resume=true but no checkpoint in {run_dir}: "
               "starting fresh")
     return load_checkpoint(found, cfg.device) if found else None
+
+
+def _instruction_table(cfg: DictConfig, spec: EnvSpec, run_dir: Path) -> torch.Tensor | None:
+    """[num_tasks, D] embeddings of the suite's instructions (row t: task t) when the encoder is conditioned
+    on language, read from run_dir/instruction_embeddings.json or computed once and written there."""
+    if cfg.agent.encoder.task != "language" or spec.num_tasks < 2:  # one task: nothing to condition on
+        return None
+    instructions = task_instructions(spec.env_name)[: spec.num_tasks]
+    return instruction_embeddings(instructions, run_dir / INSTRUCTION_CACHE)
 
 
 def _build_buffer(cfg: DictConfig, shapes: dict, episodes: list[Episode]) -> ReplayBuffer:
