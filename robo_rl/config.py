@@ -201,6 +201,7 @@ class EvaluateConfig:  # conf/evaluate.yaml
     checkpoint: str | None
     compare: tuple[Literal["none", "best_of_n", "qwm"], ...] | None
     episodes: int
+    episodes_per_task: int  # LIBERO suites: the protocol's episodes per task, episode j from init state j
     videos: int
     wrist_video: bool
     seed: int
@@ -211,7 +212,7 @@ class EvaluateConfig:  # conf/evaluate.yaml
     def __post_init__(self):
         _check_device(self.device)
         _check_modality(self.env, self.task)
-        _at_least(self, 1, "episodes", "threads")
+        _at_least(self, 1, "episodes", "episodes_per_task", "threads")
         _at_least(self, 0, "videos")
 
 

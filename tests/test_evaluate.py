@@ -35,7 +35,7 @@ def test_evaluate_scripted_lift_writes_json_and_video(tmp_path):
     assert result["success_rate"] >= 2 / 3
     lo, hi = result["success_ci"]
     assert 0.0 <= lo <= result["success_rate"] <= hi <= 1.0 and hi - lo > 0.3  # 3 episodes: a wide interval
-    assert set(result["per_task"]) == {"0"}
+    assert [(p["task_id"], p["instruction"], p["episodes"]) for p in result["per_task"]] == [(0, "Lift", 3)]
     videos = sorted((tmp_path / "videos").glob("*.mp4"))
     assert len(videos) == 1
     frames = [f for f in imageio.get_reader(videos[0], format="FFMPEG")]  # list() trips on len=inf

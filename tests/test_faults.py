@@ -1,6 +1,7 @@
 """Real faults, for real: SIGKILL a training run and resume it, leave a torn checkpoint save behind,
 kill an env worker mid-episode in training and in evaluation. Nothing made up may reach the buffer
 or the scores, and a resumed run must continue as if nothing had happened."""
+import dataclasses
 import json
 import os
 import signal
@@ -14,6 +15,8 @@ import psutil
 import torch
 
 from robo_rl.checkpoint import checkpoint_dir, load_buffer, load_checkpoint
+from robo_rl.envs.vector import VecEnv
+from robo_rl.eval.rollout import evaluate_actors
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["task=lift", "budget=smoke", "logger.mode=disabled", "env.num_envs=2"]
@@ -138,3 +141,30 @@ def test_dead_worker_in_evaluation_reruns_the_episode(tmp_path):
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["worker_restarts"] >= 1 and result["num_episodes"] == 40
     assert result["success_rate"] == 1.0  # the scripted expert solves Lift: a lost episode is rerun, not failed
+
+
+class KillsItsWorker:
+    """Zero actions; kills env 0's worker at the 3rd step of the first `kills` episodes it starts."""
+
+    def __init__(self, env: VecEnv, kills: int):
+        self.env, self.kills, self.t = env, kills, 0
+
+    def reset(self, env_ids: list[int]) -> None:
+        self.t = 0
+
+    def act(self, obs, env_ids: list[int]) -> np.ndarray:
+        self.t += 1
+        if self.t == 3 and self.kills:
+            self.kills -= 1
+            os.kill(self.env.pids[0], signal.SIGKILL)
+        return np.zeros((len(env_ids), 7), np.float32)
+
+
+def test_episode_whose_worker_dies_twice_is_recorded_as_failed_with_the_reason(lift_spec):
+    spec = dataclasses.replace(lift_spec, horizon=8)
+    with VecEnv(spec, 1, workers="subprocess", autoreset=False) as env:
+        result = evaluate_actors(env, {"policy": KillsItsWorker(env, kills=2)}, episodes=2, progress=False)
+    first, second = result["actors"]["policy"]["per_episode"]
+    assert not first["success"] and "died twice in this episode" in first["failure"] and "died" in first["failure"]
+    assert second["failure"] is None and second["length"] == 8  # the next episode runs as usual
+    assert result["worker_restarts"] == 2 and result["actors"]["policy"]["failed_episodes"] == 1

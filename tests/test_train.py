@@ -176,8 +176,10 @@ def test_libero_10_smoke_run_from_scratch(tmp_path):
                 "budget.online_steps=40", "budget.batch_size=16").stdout
     assert "starting online from scratch" in out
     result = json.loads((run_dir / "eval.json").read_text())
-    assert set(result["per_task"]) == {"0", "1"}
+    assert [p["task_id"] for p in result["per_task"]] == [0, 1]
+    assert "basket" in result["per_task"][0]["instruction"]
     assert list((run_dir / "videos").rglob("*.mp4"))
+    assert (run_dir / "instruction_embeddings.json").exists()  # conditioned on language, embedded once
     assert sorted((run_dir / "checkpoints").glob("step_*.pt"))
 
 
@@ -236,5 +238,5 @@ def test_libero_10_pretrains_on_libero_files(tmp_path):
     assert state["offline_step"] == 30 and load_buffer(run_dir, state).num_offline == 24  # both files' steps
     # The offline start was evaluated (the pretrained policy alone, one episode per task) and reported.
     offline = json.loads((run_dir / "offline_eval.json").read_text())
-    assert set(offline["per_task"]) == {"0", "1"} and offline["episodes"] == 2
+    assert [p["task_id"] for p in offline["per_task"]] == [0, 1] and offline["episodes"] == 2
     assert json.loads((run_dir / "eval.json").read_text())["offline_success_rate"] == offline["success_rate"]

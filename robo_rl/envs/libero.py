@@ -2,7 +2,8 @@
 
 Env i of a vector runs task `task_ids[i % n]`; `reset(options={"task_id": t})` switches task
 (rebuilding the scene, ~10-20 s on 2 cores) and `options={"init_state_id": j}` starts from the
-j-th of the task's fixed initial states (LIBERO's evaluation protocol).
+j-th of the task's fixed initial states (LIBERO's evaluation protocol). Every reset then lets the scene
+settle for SETTLE_STEPS no-op steps before the episode's first observation; they are not episode steps.
 """
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from robo_rl.core import TASK_KEY
 from robo_rl.envs.base import SimEnv
 from robo_rl.envs.spec import EnvSpec, camera_of, to_channels_first
 from robo_rl.utils.rendering import configure_mujoco
+
+# The published protocol (openpi examples/libero/main.py `num_steps_wait`, OpenVLA run_libero_eval.py): LIBERO
+# places objects slightly above their supports, so the first steps after a reset are spent waiting for them to
+# fall, with the arm still and the gripper open; the step limit (task.horizon) counts only the steps after.
+SETTLE_STEPS = 10
+NOOP_ACTION = np.array([0.0] * 6 + [-1.0])  # OSC_POSE: no translation or rotation, gripper open (-1)
 
 
 def load_suite(name: str):
@@ -117,6 +124,9 @@ class LiberoEnv(SimEnv):
         self._t = 0
         if options.get("snapshot") is not None:  # a mid-episode `snapshot()`: continues that episode
             raw = self.restore(options["snapshot"])
+        else:
+            for _ in range(SETTLE_STEPS):
+                raw, *_ = self.env.step(NOOP_ACTION)
         return self._obs(raw)
 
     def _success(self) -> bool:

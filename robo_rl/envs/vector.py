@@ -8,7 +8,8 @@ Every backend (these and `envs.warp`) returns torch tensors:
 With `autoreset=True` an env whose episode ended is reset at once and `obs` holds its new first
 observation. A worker process that dies or stops answering is replaced and its env reset; its
 episode ends there, reported truncated *and* lost: its `next_obs` row is a copy of the last real
-observation, not a transition, and must not be stored or scored (`num_restarts` counts these).
+observation, not a transition, and must not be stored or scored (`num_restarts` counts these;
+`lost_reasons[i]` says why env i's worker was last replaced).
 """
 from __future__ import annotations
 
@@ -216,6 +217,7 @@ class VecEnv:
         self.step_timeout, self.reset_timeout = step_timeout, reset_timeout
         self._worker_cls = _ProcessWorker if workers == "subprocess" else _InlineWorker
         self.num_restarts = 0
+        self.lost_reasons: dict[int, str] = {}  # env i -> why its worker was last replaced
         self.workers = self._start_workers()
         self._obs: list[dict] = []
         self._seeds: list[int | None] = [None] * num_envs
@@ -316,20 +318,21 @@ class VecEnv:
         """Send `cmd` to each env in env_ids, then collect answers. A dead worker answers None
         (for step) after it has been replaced and its env reset."""
         env_ids = list(env_ids)
-        failed = set()
+        failed: dict[int, str] = {}
         for i in env_ids:
             try:
                 self.workers[i].send(cmd, *args_of(i))
-            except WorkerDied:
-                failed.add(i)
+            except WorkerDied as e:
+                failed[i] = str(e)
         results = []
         for i in env_ids:
             if i not in failed:
                 try:
                     results.append(self.workers[i].recv(timeout))
                     continue
-                except WorkerDied:
-                    pass
+                except WorkerDied as e:
+                    failed[i] = str(e)
+            self.lost_reasons[i] = f"{cmd}: {failed[i]}"
             self._restart(i)
             if cmd == "step":
                 results.append(None)

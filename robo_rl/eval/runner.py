@@ -2,6 +2,12 @@
 
 `compare=[none,best_of_n,qwm]` (with checkpoint=PATH) evaluates several actors of the same trained agent
 on paired episodes in one pass and prints a table of success rates, 95% intervals and paired gains.
+
+LIBERO suites follow the published protocol: `episodes_per_task` episodes of every task (50 published),
+episode j from the task's init state j, after the env's settling steps, within the suite's step limit
+(task.horizon); eval.json's `success_rate` is the suite mean over tasks and a per-task table is printed.
+Finished episodes go to run_dir/episodes.jsonl as they end (robo_rl/eval/journal.py): rerunning the same
+command with the same hydra.run.dir plays only the episodes that file does not hold.
 """
 from __future__ import annotations
 
@@ -12,10 +18,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.checkpoint import (
-    ACTING_SETTINGS, actor_from_checkpoint, agent_from_checkpoint, build_actor, load_checkpoint,
+    ACTING_SETTINGS, actor_from_checkpoint, agent_from_checkpoint, build_actor, latest_checkpoint, load_checkpoint,
 )
 from robo_rl.demos.experts import make_expert
 from robo_rl.envs import make_vec_env
+from robo_rl.eval.journal import EPISODES_FILE, EpisodeJournal
 from robo_rl.eval.policies import RandomPolicy
 from robo_rl.eval.rollout import Policy, eval_seed, evaluate, evaluate_actors
 from robo_rl.utils.logging import write_json
@@ -73,20 +80,29 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     if cfg.compare and checkpoint is None:
         raise ValueError("compare=[...] compares actors of a trained agent: pass checkpoint=PATH")
     actors = compare_actors(cfg, checkpoint, list(cfg.compare)) if cfg.compare else None
+    journal = EpisodeJournal(run_dir / EPISODES_FILE, _journal_settings(cfg))
     env = make_vec_env(cfg, render=cfg.videos > 0, autoreset=False)
+    libero = env.spec.suite == "libero"
+    episodes = cfg.episodes_per_task * len(env.spec.task_ids) if libero else cfg.episodes
     try:
         settings = dict(seed=eval_seed(cfg.seed), video_dir=run_dir / "videos", num_videos=cfg.videos,
-                        wrist_video=cfg.wrist_video)
+                        wrist_video=cfg.wrist_video, journal=journal)
         if actors is not None:
-            result = evaluate_actors(env, actors, cfg.episodes, **settings)
+            result = evaluate_actors(env, actors, episodes, **settings)
         else:
-            result = evaluate(env, make_eval_policy(cfg, env.num_envs, env.action_dim, checkpoint), cfg.episodes,
+            result = evaluate(env, make_eval_policy(cfg, env.num_envs, env.action_dim, checkpoint), episodes,
                               **settings)
     finally:
         env.close()
     result["task"] = cfg.task.name
+    if libero:
+        result["episodes_per_task"] = cfg.episodes_per_task
+    summaries = result["actors"] if actors is not None else {"policy": result}
+    if libero:
+        for name, summary in summaries.items():
+            print_task_table(summary, name if actors is not None else None)
     if actors is not None:
-        result.update(checkpoint=str(cfg.checkpoint), episodes=cfg.episodes)
+        result.update(checkpoint=str(cfg.checkpoint), episodes=episodes)
         print_table(result)
     else:
         result["policy"] = str(cfg.checkpoint) if cfg.get("checkpoint") else cfg.policy
@@ -97,6 +113,16 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     write_json(run_dir / "eval.json", result)
     print(f"[eval] -> {run_dir / 'eval.json'}")
     return result
+
+
+def _journal_settings(cfg: DictConfig) -> dict:
+    """What makes the episodes of two evaluations the same episodes, besides each job's identity (actor,
+    task, init state, seed): what is evaluated, on which observations and step limit, acting how."""
+    found = latest_checkpoint(cfg.checkpoint) if cfg.get("checkpoint") else None
+    return {"task": cfg.task.name, "horizon": cfg.task.horizon, "modality": cfg.env.modality,
+            "image_size": cfg.env.image_size, "policy": str(found.resolve()) if found else cfg.policy,
+            "compare": list(cfg.compare or []), "planner": OmegaConf.to_container(cfg.planner, resolve=True),
+            "acting": {k: cfg.agent[k] for k in ACTING_SETTINGS} if found else None}
 
 
 def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> DictConfig:
@@ -125,9 +151,27 @@ def print_table(result: dict) -> None:
     rows = [("actor", "success", "95% CI", "gain vs none [CI]", "ms/decision", "episodes")]
     for name, r in result["actors"].items():
         gain = result.get("gains", {}).get(name)
+        ms = r["ms_per_decision"]
         rows.append((name, f"{r['success_rate']:.3f}", "[{:.3f}, {:.3f}]".format(*r["success_ci"]),
                      f"{gain['mean']:+.3f} [{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}]" if gain else "-",
-                     f"{r['ms_per_decision']:.1f}", str(r["episodes"])))
+                     "-" if ms is None else f"{ms:.1f}", str(r["episodes"])))
+    _print_rows(rows)
+
+
+def print_task_table(summary: dict, actor: str | None = None) -> None:
+    """task | instruction | success | 95% CI | episodes, one row per task and the suite mean last."""
+    if actor is not None:
+        print(f"[eval] {actor}:")
+    rows = [("task", "instruction", "success", "95% CI", "episodes")]
+    for p in summary["per_task"]:
+        rows.append((str(p["task_id"]), p["instruction"], f"{p['success_rate']:.2f}",
+                     "[{:.2f}, {:.2f}]".format(*p["success_ci"]), str(p["episodes"])))
+    rows.append(("mean", "(suite mean over tasks)", f"{summary['success_rate']:.2f}",
+                 "[{:.2f}, {:.2f}]".format(*summary["success_ci"]), str(summary["episodes"])))
+    _print_rows(rows)
+
+
+def _print_rows(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     for row in rows:
         print(" | ".join(cell.ljust(w) for cell, w in zip(row, widths)))
