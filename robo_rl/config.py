@@ -233,7 +233,7 @@ class CollectDemosConfig:  # conf/collect_demos.yaml
             raise ValueError("output=None: collect_demos.py writes the demos to output=PATH.hdf5; pass one")
         if not self.task.expert:
             raise ValueError(f"task.expert=None: task {self.task.name} has no scripted expert; "
-                             "scripted demos exist for task=lift and task=can")
+                             "scripted demos exist for task=lift, task=can and task=square")
 
 
 @dataclass

@@ -185,8 +185,8 @@ CONFIGS = {
                                   ["is a LIBERO file", "task=square is a robosuite task"]),
     "eval_zero_episodes": ("evaluate.py", ["episodes=0"], ["episodes=0: must be >= 1"]),
     "eval_missing_checkpoint": ("evaluate.py", ["checkpoint={empty}"], ["checkpoint={empty}: no checkpoint there"]),
-    "demos_without_expert": ("collect_demos.py", ["task=square", "output=x.hdf5"], ["task.expert=None",
-                                                                                    "task=lift"]),
+    "demos_without_expert": ("collect_demos.py", ["task=tool_hang", "output=x.hdf5"], ["task.expert=None",
+                                                                                       "task=lift"]),
     "convert_without_input": ("convert_robosuite.py", ["output=x.hdf5"], ["input is required"]),
 }
 if not torch.cuda.is_available():

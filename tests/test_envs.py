@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from robo_rl.demos.experts import LiftExpert
+from robo_rl.demos.experts import LiftExpert, SquareExpert
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import VecEnv
 
@@ -71,13 +71,12 @@ def test_non_finite_actions_never_reach_the_simulator(lift_spec):
         np.testing.assert_array_equal(env.get("sim_state")[0], before)
 
 
-def test_scripted_lift_expert_succeeds(lift_spec):
-    spec = dataclasses.replace(lift_spec, horizon=120)
-    expert = LiftExpert(2, noise=0.0, seed=0)
+def expert_successes(spec: EnvSpec, expert, rounds: int, seed: int) -> int:
+    """Successful episodes of a scripted expert in `rounds` batches of 2 subprocess envs (seeds from `seed`)."""
     successes = 0
     with VecEnv(spec, 2, workers="subprocess") as env:
-        for round_ in range(5):
-            obs = env.reset(seed=100 + 2 * round_)
+        for round_ in range(rounds):
+            obs = env.reset(seed=seed + 2 * round_)
             expert.reset()
             done = np.zeros(2, bool)
             succeeded = np.zeros(2, bool)
@@ -87,7 +86,20 @@ def test_scripted_lift_expert_succeeds(lift_spec):
                 succeeded |= result.success.numpy() & ~done
                 done |= result.done.numpy()
             successes += int(succeeded.sum())
+    return successes
+
+
+def test_scripted_lift_expert_succeeds(lift_spec):
+    spec = dataclasses.replace(lift_spec, horizon=120)
+    successes = expert_successes(spec, LiftExpert(2, noise=0.0, seed=0), rounds=5, seed=100)
     assert successes >= 8, f"scripted expert succeeded in {successes}/10 episodes"
+
+
+def test_scripted_square_expert_puts_the_nut_on_its_peg(lift_spec):
+    # The noise scripted demos are collected with (conf/collect_demos.yaml), the task's horizon (conf/task/square.yaml).
+    spec = dataclasses.replace(lift_spec, env_name="NutAssemblySquare", horizon=400)
+    successes = expert_successes(spec, SquareExpert(2, noise=0.1, seed=0), rounds=3, seed=100)
+    assert successes >= 5, f"scripted square expert succeeded in {successes}/6 episodes"
 
 
 @pytest.mark.slow

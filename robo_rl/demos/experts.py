@@ -23,21 +23,43 @@ def _yaw_from_quat_xyzw(quat: np.ndarray) -> np.ndarray:
     return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
 
 
+def _rotate(quat: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """A body-frame vector v [3] in the world frame of each pose quat [B, 4] (xyzw): [B, 3]."""
+    q, w = quat[:, :3], quat[:, 3:]
+    t = 2 * np.cross(q, v)
+    return v + w * t + np.cross(q, t)
+
+
+def _tilt(eef_quat: np.ndarray) -> np.ndarray:
+    """Rotation about world x and y [B, 2] that points the fingers straight down again, from the eef pose
+    quat [B, 4] (xyzw): OSC holds no orientation of its own, so the hand tilts as the arm moves and a held
+    nut tilts with it."""
+    approach = _rotate(eef_quat, np.array([0.0, 0.0, 1.0]))  # the fingers' direction [B, 3]
+    # approach x (0, 0, -1): the axis that turns the fingers down, its length the sine of their tilt
+    return np.stack([-approach[:, 1], approach[:, 0]], axis=1)
+
+
 def _wrap(angle: np.ndarray, period: float) -> np.ndarray:
     """Angle into [-period/2, period/2): a cube looks the same every 90 degrees."""
     return (angle + period / 2) % period - period / 2
 
 
 class PickPlaceExpert:
-    """Top-down grasp of the task object, then lift it (Lift) or carry it to a bin and release (Can).
+    """Top-down grasp of the task object, then lift it (Lift) or carry it over its target and release (Can, Square).
 
-    The object's pose is the first 7 entries of robomimic's `object` key (position, quat xyzw) for
-    both tasks. Phases advance per env when the end effector reaches its waypoint.
+    The object's pose is the first 7 entries of robomimic's `object` key (position, quat xyzw) in these
+    tasks. Phases advance per env when the end effector reaches its waypoint.
     """
 
     HOVER, DESCEND, GRASP, LIFT, CARRY, LOWER, RELEASE, RETREAT = range(8)
-    place_target: np.ndarray | None = None  # bin position the object goes to; None: lifting is the task
+    grasp_offset = np.zeros(3)              # where the fingers close, in the object's frame
+    grasp_symmetry = np.pi / 2              # the fingers fit the object at yaws this far apart (a cube: 90 degrees)
     carry_height = 0.2                      # above the grasp height while lifting / carrying
+    place_target: np.ndarray | None = None  # where the object goes; None: lifting is the task
+    place_yaws: np.ndarray | None = None    # yaws [K] the object may have over its target (the nearest); None: any
+    place_tolerance = 0.02                  # the object's xy distance from its target at which lowering starts
+    release_height = 0.0                    # above place_target when the object is let go
+    hold_upright = False                    # undo the hand's tilt (Can reaches its bin's far corner only tilted)
 
     def __init__(self, num_envs: int, noise: float = 0.0, seed: int = 0):
         self.num_envs, self.noise = num_envs, noise
@@ -46,62 +68,93 @@ class PickPlaceExpert:
         self.timer = np.zeros(num_envs, dtype=np.int64)
         self.hover_height = np.full(num_envs, 0.08)
         self.grasp_pos = np.zeros((num_envs, 3))
+        self.last_eef = np.full((num_envs, 3), np.nan)  # eef position [B, 3] at the previous step
 
     def reset(self, env_ids=None) -> None:
         ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
         self.phase[ids] = self.HOVER
         self.timer[ids] = 0
+        self.last_eef[ids] = np.nan
         # Diversity: each demo hovers at its own height before descending.
         self.hover_height[ids] = 0.06 + 0.04 * self.rng.random(len(ids))
 
-    def _waypoints(self, obj: np.ndarray) -> np.ndarray:
-        """Target eef position [B, 3] of each env's current phase."""
-        target = obj.copy()
+    def _waypoints(self, grasp_point: np.ndarray, obj_pos: np.ndarray, eef: np.ndarray) -> np.ndarray:
+        """Target eef position [B, 3] of each env's current phase, from the grasp point, the object's centre and
+        the eef position (each [B, 3]). The hand holds a cube or a can at its centre: it goes to place_target."""
+        target = grasp_point.copy()
         target[:, 2] += np.where(self.phase == self.HOVER, self.hover_height, 0.0)
         carrying = self.phase >= self.LIFT
         target[carrying] = self.grasp_pos[carrying] + np.array([0.0, 0.0, self.carry_height])
         if self.place_target is not None:
-            over_bin = self.phase >= self.CARRY
-            target[over_bin, :2] = self.place_target[:2]
-            target[self.phase == self.LOWER, 2] = self.place_target[2] + 0.18  # drop from just above the rim
+            over_target = self.phase >= self.CARRY
+            target[over_target, :2] = self.place_target[:2]
+            target[self.phase == self.LOWER, 2] = self.place_target[2] + self.release_height
             target[self.phase == self.RETREAT, 2] = self.place_target[2] + 0.3
         return target
 
+    def _yaw_error(self, obj_quat: np.ndarray, eef_quat: np.ndarray) -> np.ndarray:
+        """Rotation about world z [B] still to make: fingers squared with the object before the grasp,
+        the held object turned to the nearest of `place_yaws` while it is carried and lowered."""
+        obj_yaw = _yaw_from_quat_xyzw(obj_quat)
+        to_grasp = _wrap(obj_yaw - _yaw_from_quat_xyzw(eef_quat), self.grasp_symmetry)
+        error = np.where(self.phase <= self.DESCEND, to_grasp, 0.0)
+        if self.place_yaws is not None:
+            to_place = _wrap(self.place_yaws[None, :] - obj_yaw[:, None], 2 * np.pi)  # [B, K]
+            nearest = to_place[np.arange(len(obj_yaw)), np.abs(to_place).argmin(axis=1)]
+            placing = (self.phase == self.CARRY) | (self.phase == self.LOWER)
+            error = np.where(placing, nearest, error)
+        return error
+
     def act(self, obs: dict) -> np.ndarray:
-        obj = _np(obs["object"])[:, :3]
-        obj_yaw = _yaw_from_quat_xyzw(_np(obs["object"])[:, 3:7])
-        eef = _np(obs["robot0_eef_pos"])
-        eef_yaw = _yaw_from_quat_xyzw(_np(obs["robot0_eef_quat"]))
-        target = self._waypoints(obj)
-        delta = target - eef
+        """OSC_POSE actions [B, 7] for a batch of observations; advances each env's phase."""
+        obj = _np(obs["object"])
+        obj_pos, obj_quat = obj[:, :3], obj[:, 3:7]
+        eef, eef_quat = _np(obs["robot0_eef_pos"]), _np(obs["robot0_eef_quat"])
+        grasp_point = obj_pos + _rotate(obj_quat, self.grasp_offset)
+        delta = self._waypoints(grasp_point, obj_pos, eef) - eef
+        yaw_error = self._yaw_error(obj_quat, eef_quat)
 
         action = np.zeros((self.num_envs, ACTION_DIM))
         action[:, :3] = np.clip(delta * _POS_GAIN, -1, 1)
         action[(self.phase == self.GRASP) | (self.phase == self.RELEASE), :3] = 0.0  # hold still
-        # Square the fingers with a face of the object (a cube looks the same every 90 degrees).
-        yaw_error = _wrap(obj_yaw - eef_yaw, np.pi / 2)
-        action[:, 5] = np.where(self.phase <= self.DESCEND, np.clip(2.0 * yaw_error, -1, 1), 0.0)
+        if self.hold_upright:
+            action[:, 3:5] = np.clip(2.0 * _tilt(eef_quat), -1, 1)
+        action[:, 5] = np.clip(2.0 * yaw_error, -1, 1)
         closed = (self.phase >= self.GRASP) & (self.phase <= self.LOWER)
         action[:, 6] = np.where(closed, 1.0, -1.0)
 
+        self._next_phase(delta, yaw_error, eef, _np(obs["robot0_gripper_qpos"]))
+        if self.noise > 0:
+            action[:, :6] += self.noise * self.rng.standard_normal((self.num_envs, 6))
+        return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+    def _next_phase(self, delta: np.ndarray, yaw_error: np.ndarray, eef: np.ndarray,
+                    finger_qpos: np.ndarray) -> None:
+        """Advance the envs whose waypoint is reached, from the eef's distance to it [B, 3], the yaw still to
+        turn [B], the eef position [B, 3] and the finger joints [B, 2] (+w/2, -w/2 for an opening w)."""
         self.timer += 1
+        # The arm lags its commands: descending while it still swings over the object lands the fingers beside it.
+        settled = np.linalg.norm(eef - self.last_eef, axis=1) < 0.003
+        self.last_eef = eef.copy()  # obs arrays may be buffers the env overwrites
         reached = np.linalg.norm(delta, axis=1) < 0.03  # loose: carrying a load leaves a steady-state error
+        over_target = (np.linalg.norm(delta[:, :2], axis=1) < self.place_tolerance) & (np.abs(yaw_error) < 0.05)
         advance = (
-            ((self.phase == self.HOVER) & (np.linalg.norm(delta[:, :2], axis=1) < 0.01) & (np.abs(delta[:, 2]) < 0.02))
+            ((self.phase == self.HOVER) & (np.linalg.norm(delta[:, :2], axis=1) < 0.01) & (np.abs(delta[:, 2]) < 0.02)
+             & settled)
             | ((self.phase == self.DESCEND) & (np.abs(delta[:, 2]) < 0.01))
             | ((self.phase == self.GRASP) & (self.timer >= 8))
             | ((self.phase == self.LIFT) & reached & (self.place_target is not None))
-            | ((self.phase == self.CARRY) & (np.linalg.norm(delta[:, :2], axis=1) < 0.02))
+            | ((self.phase == self.CARRY) & over_target)
             | ((self.phase == self.LOWER) & reached)
             | ((self.phase == self.RELEASE) & (self.timer >= 6))
         )
         self.grasp_pos = np.where((advance & (self.phase == self.GRASP))[:, None], eef, self.grasp_pos)
         self.phase = np.where(advance, self.phase + 1, self.phase)
-        self.timer = np.where(advance, 0, self.timer)
-
-        if self.noise > 0:
-            action[:, :6] += self.noise * self.rng.standard_normal((self.num_envs, 6))
-        return np.clip(action, -1.0, 1.0).astype(np.float32)
+        # Fingers that closed on nothing (a missed grasp, a dropped object) start over from above the object.
+        holding = (self.phase >= self.LIFT) & (self.phase <= self.LOWER)
+        empty = holding & (finger_qpos[:, 0] - finger_qpos[:, 1] < 0.01)
+        self.phase = np.where(empty, self.HOVER, self.phase)
+        self.timer = np.where(advance | empty, 0, self.timer)
 
 
 class LiftExpert(PickPlaceExpert):
@@ -113,9 +166,37 @@ class CanExpert(PickPlaceExpert):
 
     place_target = np.array([0.1975, 0.4025, 0.8])  # robosuite's target_bin_placements for the can
     carry_height = 0.25
+    release_height = 0.18  # drop from just above the rim
 
 
-EXPERTS = {"lift": LiftExpert, "can": CanExpert}
+class SquareExpert(PickPlaceExpert):
+    """NutAssemblySquare: grasp the square nut by its handle, carry it over the square peg, turn it square
+    with the peg, lower it around the peg and let go (success: nut low on the peg, hand off the nut)."""
+
+    # The handle spans 2.9-7.9 cm along the nut's x (robosuite's square-nut.xml); gripped 6.2 cm out, the
+    # fingers stay clear of the nut's wall, which ends at 4.4 cm.
+    grasp_offset = np.array([0.062, 0.0, 0.0])
+    grasp_symmetry = np.pi                      # fingers across the handle, either way round
+    place_target = np.array([0.23, 0.1, 0.85])  # robosuite's peg1 (pegs_arena.xml): the nut is let go around it
+    # The hole fits the square peg every 90 degrees, but not with the handle pointing away from the robot
+    # (yaw 0): the hand would have to reach 6 cm past the peg, beyond the arm's reach.
+    place_yaws = np.array([np.pi / 2, np.pi, -np.pi / 2])
+    place_tolerance = 0.004                     # the hole is 4.6 cm wide, the peg 3.2 cm
+    hold_upright = True                         # a tilted nut jams on the peg
+
+    def _waypoints(self, grasp_point: np.ndarray, obj_pos: np.ndarray, eef: np.ndarray) -> np.ndarray:
+        """As PickPlaceExpert's, but over the peg the nut's centre, not the hand, is steered to place_target:
+        the nut hangs 6 cm from the hand that holds its handle, turning with the hand, and the hole leaves
+        7 mm to spare. After the release the same offset keeps the hand where it let go."""
+        target = super()._waypoints(grasp_point, obj_pos, eef)
+        over_peg = self.phase >= self.CARRY
+        target[over_peg, :2] += (eef - obj_pos)[over_peg, :2]
+        lowering = self.phase == self.LOWER
+        target[lowering, 2] += (eef - obj_pos)[lowering, 2]
+        return target
+
+
+EXPERTS = {"lift": LiftExpert, "can": CanExpert, "square": SquareExpert}
 
 
 def make_expert(task_cfg, num_envs: int, noise: float = 0.0, seed: int = 0):
