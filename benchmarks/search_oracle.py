@@ -11,6 +11,9 @@ executed from the restored MuJoCo state and the policy finishes the episode, R t
                  optimistic by the noise of R rollouts)
   spearman       rank correlation, over a state's candidates, of each score with the true
                  discounted return, averaged over the states whose candidates differ
+  pick_bias      per action dimension, how far each scorer's pick sits from its state's candidates'
+                 mean, in units of their std, averaged over states: a scorer whose picks lean the
+                 same way at every state drifts the robot even when each step's choice looks harmless
   latent_error   world model vs the encoder's latents of the real next observations, by depth
                  (mean squared error per latent dimension, over ensemble heads), beside the error
                  of predicting "no change" (latent_error_copy), which gives it a scale
@@ -71,6 +74,13 @@ def latent_errors(agent, visited, depth: int) -> tuple[list[float], list[float]]
             model_err[d].append(float((z[:, 0] - targets[d]).pow(2).mean()))
             copy_err[d].append(float((z0[0] - targets[d]).pow(2).mean()))
     return [float(np.mean(e)) for e in model_err if e], [float(np.mean(e)) for e in copy_err if e]
+
+
+def pick_bias(candidates: np.ndarray, index: np.ndarray) -> list[float]:
+    """candidates [M, N, A], chosen index [M] -> [A]: mean of (pick - candidates' mean) / their std."""
+    chosen = candidates[np.arange(len(index)), index]
+    offset = (chosen - candidates.mean(1)) / (candidates.std(1) + 1e-8)
+    return offset.mean(0).round(3).tolist()
 
 
 @torch.no_grad()
@@ -182,6 +192,7 @@ def main() -> None:
         "chosen_value": chosen, "chosen_return": chosen_return,
         "spearman": {k: v[0] for k, v in spearman.items()},
         "spearman_states": {k: v[1] for k, v in spearman.items()},
+        "pick_bias": {k: pick_bias(candidates, i) for k, i in picks.items()},
         "latent_error": model_err, "latent_error_copy": copy_err, "q_calibration": calibration,
         "wall_s": time.time() - t0,
     }
@@ -198,6 +209,8 @@ def main() -> None:
         key = {"best_of_n": "q", "qwm": "score", "tree_value": "tree_value"}.get(name)
         rho = f"{result['spearman'][key]:.3f}" if key else ""
         print(f"{name:<12}{chosen[name]:>16.3f}{chosen_return[name]:>15.3f}{rho:>10}")
+    for name, bias in result["pick_bias"].items():
+        print(f"pick bias {name:<11} (std units per action dim) {bias}")
     print(f"latent error by depth {np.round(model_err, 4).tolist()} (no change: {np.round(copy_err, 4).tolist()})")
     print(f"Q calibration: Q = {calibration['slope']:.2f}·MC + {calibration['bias']:.2f} (r {calibration['r']:.2f})")
     print(f"-> {out} ({result['wall_s']:.0f} s)")
