@@ -82,14 +82,15 @@ class _Job:
 def _jobs(actors: list[str], task_ids, episodes: int, seed: int, use_init_states: bool,
           num_videos: int) -> list[_Job]:
     """Paired jobs, episode-major. Recorded as video: the first num_videos episodes, or with init states
-    (LIBERO) the first episode of each task when num_videos > 0."""
-    per_task = max(1, episodes // len(task_ids)) if use_init_states else None
-    if per_task is None:
-        pairs = [(task_ids[i % len(task_ids)], None) for i in range(episodes)]
-    else:
-        pairs = [(t, j) for t in task_ids for j in range(per_task)]
-    recorded = [i < num_videos if s is None else (s == 0 and num_videos > 0) for i, (_, s) in enumerate(pairs)]
-    return [_Job(a, i, t, s, seed + i, recorded[i]) for i, (t, s) in enumerate(pairs) for a in actors]
+    (LIBERO) the first episode of each task when num_videos > 0. With init states, episode j of task t is
+    episode t * per_task + j whichever tasks are evaluated, so an evaluation split by task (task.task_ids)
+    plays the very jobs (same seeds) of the whole suite's."""
+    if not use_init_states:
+        return [_Job(a, i, task_ids[i % len(task_ids)], None, seed + i, i < num_videos)
+                for i in range(episodes) for a in actors]
+    per_task = max(1, episodes // len(task_ids))
+    return [_Job(a, t * per_task + j, t, j, seed + t * per_task + j, j == 0 and num_videos > 0)
+            for t in task_ids for j in range(per_task) for a in actors]
 
 
 def init_digest(obs: dict[str, torch.Tensor], row: int) -> str:

@@ -97,9 +97,7 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     result["task"] = cfg.task.name
     if libero:
         result["episodes_per_task"] = cfg.episodes_per_task
-    summaries = result["actors"] if actors is not None else {"policy": result}
-    if libero:
-        for name, summary in summaries.items():
+        for name, summary in (result["actors"] if actors is not None else {"policy": result}).items():
             print_task_table(summary, name if actors is not None else None)
     if actors is not None:
         result.update(checkpoint=str(cfg.checkpoint), episodes=episodes)
