@@ -31,14 +31,18 @@ node of a depth enters its mean. (Nodes below the first depth descend from the b
 mild optimism that J > 1 softens.)
 
 What limits it, measured (Can, budget=cpu, seed 0; `benchmarks/search_oracle.py` and paired
-`scripts/evaluate.py ... compare=[none,best_of_n,qwm]`, 50 episodes each): a state's 8 candidates
-score within ~1% of each other (critic std across candidates 0.0076 at |Q| ≈ 0.52) and the scores'
-rank correlation with the candidates' simulator-measured returns is ≈ 0.1; the critic's argmax sits
-~1 std away from the candidates' mean, in the same directions from state to state (e.g. −0.4 std in
-y, z and one rotation), so picking it at every step drifts the arm. Best-of-8 lost 0.20–0.28 to
-the policy's own sample, QWM 0.04–0.24. Neither fp32 instead of bf16 (bf16 flips the argmax of
-the 8 Q values half the time, but fp32 search lost as much) nor keeping the policy's sample unless a
-rival leads by 1% of |score| (a third of the decisions still switched; −0.24) changed that.
+`scripts/evaluate.py ... compare=[none,best_of_n,qwm]`). Until 2026-12-03 the world model was never
+trained (its parameters were missing from the agent's optimizer), so every tree value came from a
+random model. Trained, its one-step latent error is 0.0001 against 0.0002 for "no change" (it was
+0.0016), QWM's pick at a visited state is worth a little more than a random candidate by the
+simulator's measure (true success 0.92 vs 0.90 over 50 states; Spearman of the score with the true
+return 0.14, of Q alone 0.09) and the critic is better calibrated (Q = 0.76·MC + 0.14, r 0.85). Yet in
+closed loop argmax search still fails (20 paired episodes: 0.05 vs 0.55 for the policy alone): a
+state's 8 candidates score within ~0.002 of each other, below what a TD critic resolves, and the
+argmax leans the same way at every state (`pick_bias`: +0.25 std in the first rotation dimension,
+−0.16 in the second, all critic heads agreeing), so the arm tilts step after step into states the
+demonstrations never show. bf16 cannot even represent those differences near Q ≈ 0.5 (its spacing
+there is 0.004); fp32 picks lean the same way.
 
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
