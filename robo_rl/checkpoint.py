@@ -65,8 +65,7 @@ def build_agent(agent_cfg: Mapping | DictConfig, obs_shapes: dict[str, tuple[int
     """
     agent = SORLAgent(obs_shapes, ACTION_DIM, num_tasks, agent_settings(agent_cfg, compile), device=device)
     if instruction_embeddings is not None:
-        for encoder in (agent.encoder, agent.target_encoder):
-            encoder.set_instruction_embeddings(instruction_embeddings.to(agent.device))
+        agent.set_instruction_embeddings(instruction_embeddings)
     return agent
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from robo_rl.agents.sorl import SORLAgent, SORLConfig
+from robo_rl.agents.world_model import WorldModelConfig
 from robo_rl.nets.encoders import EncoderConfig
 
 LIFT_SHAPES = {"object": (10,), "robot0_eef_pos": (3,), "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,)}
@@ -162,8 +163,6 @@ def test_conservative_term_ranks_actions_the_data_never_took_lower(weight):
 def test_update_trains_the_world_model_through_the_agents_own_optimizer():
     """The agent's update must step every module it computes gradients for. The world model once had
     gradients but no optimizer entry, so QWM searched with its random initialisation."""
-    from robo_rl.agents.world_model import WorldModelConfig
-
     torch.manual_seed(0)
     config = small_config(world_model=WorldModelConfig(num_heads=4, hidden_dim=64, num_layers=2))
     agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=config)

@@ -168,6 +168,11 @@ class SORLAgent(nn.Module):
         for encoder in (self.encoder, self.target_encoder):
             encoder.set_normalization(stats)
 
+    def set_instruction_embeddings(self, table: torch.Tensor) -> None:
+        """The fixed instruction embeddings [num_tasks, D] of a language-conditioned encoder and its target."""
+        for encoder in (self.encoder, self.target_encoder):
+            encoder.set_instruction_embeddings(table.to(self.device))
+
     # --- learning ---------------------------------------------------------------------------------
 
     def update(self, batch: dict, seq: dict | None = None) -> dict[str, float]:

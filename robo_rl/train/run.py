@@ -5,9 +5,9 @@ everything once (env, agent, buffer, logger, learning curve), hands them to the 
 the OnlineTrainer, and ends with one evaluation of paired episodes. Everything a run produces lives in
 its run directory: metrics.jsonl, checkpoints/ (+ the replay buffer once online), offline_eval.json,
 curves.json/png, eval.json, videos/, and for language-conditioned LIBERO runs instruction_embeddings.json
-(the text model runs once per instruction; the checkpoints hold the table too). `resume=true` picks up from the newest checkpoint there: its model,
-optimizer, RNG and exactly the buffer saved with it; the episodes a crash interrupted end there,
-truncated, and the envs start new ones.
+(the text model runs once per instruction; the checkpoints hold the table too). `resume=true` picks up
+from the newest checkpoint there: its model, optimizer, RNG and exactly the buffer saved with it; the
+episodes a crash interrupted end there, truncated, and the envs start new ones.
 """
 from __future__ import annotations
 
