@@ -74,14 +74,18 @@ class TaskConfig:
 @dataclass
 class EnvConfig:
     modality: str
-    backend: Literal["subprocess", "sync", "warp"]
+    backend: Literal["subprocess", "sync", "warp", "ray"]
     num_envs: int
     image_size: int
     render_size: int  # 0: no video renderer
     step_timeout: float
+    runners: int = 2  # backend=ray: Ray actors the envs are spread over (env i in runner i mod runners)
+    runner_cpus: float = 1.0  # backend=ray: CPUs each runner reserves, so Ray places runners on free cores
 
     def __post_init__(self):
-        _at_least(self, 1, "num_envs", "image_size")
+        _at_least(self, 1, "num_envs", "image_size", "runners")
+        if not self.runner_cpus > 0:
+            raise ValueError(f"runner_cpus={self.runner_cpus}: must be > 0")
         _at_least(self, 0, "render_size")
         if not self.step_timeout > 0:
             raise ValueError(f"step_timeout={self.step_timeout}: must be > 0 seconds")

@@ -30,7 +30,7 @@ TORCH=$($VENV/bin/python -c "import torch; print(torch.__version__.split('+')[0]
 { cat constraints.txt; echo "torch==$TORCH"; } > "$VENV/constraints.txt"
 
 # 3. robo_rl and everything else, with torch pinned to what is installed.
-$PIP install -c "$VENV/constraints.txt" -e ".[dev,language]"
+$PIP install -c "$VENV/constraints.txt" -e ".[dev,language,ray]"
 
 # 4. Simulator housekeeping: LIBERO config (its first import would prompt) and a .pth file that points
 #    every Python of the venv at it, scene assets link,

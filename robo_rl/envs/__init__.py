@@ -41,4 +41,9 @@ def make_vec_env(cfg: DictConfig, num_envs: int | None = None, render: bool = Fa
         from robo_rl.envs.warp import WarpVecEnv
 
         return WarpVecEnv(spec, num_envs, device=cfg.device, autoreset=autoreset)
+    if cfg.env.backend == "ray":
+        from robo_rl.envs.ray_runners import RayVecEnv
+
+        return RayVecEnv(spec, num_envs, cfg.env.runners, cfg.env.runner_cpus,
+                         autoreset=autoreset, step_timeout=cfg.env.step_timeout)
     return VecEnv(spec, num_envs, workers=cfg.env.backend, autoreset=autoreset, step_timeout=cfg.env.step_timeout)

@@ -213,9 +213,15 @@ class VecEnv:
     ):
         if workers not in ("subprocess", "sync"):
             raise ValueError(f"env.workers must be 'subprocess' or 'sync', got {workers!r}")
+        self._worker_cls = _ProcessWorker if workers == "subprocess" else _InlineWorker
+        self._init_state(spec, num_envs, autoreset, step_timeout, reset_timeout)
+
+    def _init_state(self, spec: EnvSpec, num_envs: int, autoreset: bool, step_timeout: float,
+                    reset_timeout: float) -> None:
+        """Everything but the worker kind; a subclass with other workers (envs.ray_runners) sets what its
+        `_start_workers` needs and starts here."""
         self.spec, self.num_envs, self.autoreset = spec, num_envs, autoreset
         self.step_timeout, self.reset_timeout = step_timeout, reset_timeout
-        self._worker_cls = _ProcessWorker if workers == "subprocess" else _InlineWorker
         self.num_restarts = 0
         self.lost_reasons: dict[int, str] = {}  # env i -> why its worker was last replaced
         self.workers = self._start_workers()
@@ -344,12 +350,16 @@ class VecEnv:
     def _restart(self, i: int) -> None:
         """Replace env i's worker and start a new episode there (seeded from its stream)."""
         self._replace_worker(self.workers, i, "died")
-        seed = None if self._seeds[i] is None else self._seeds[i] + self.num_envs
-        self._seeds[i] = seed
-        self.workers[i].send("reset", seed, None)
+        self.workers[i].send("reset", self._next_episode_seed(i), None)
         obs = self.workers[i].recv(self.reset_timeout)
         if self._obs:
             self._obs[i] = obs
+
+    def _next_episode_seed(self, i: int) -> int | None:
+        """The seed of env i's next episode in its stream (see EnvRunner.step), recorded as its current one."""
+        seed = None if self._seeds[i] is None else self._seeds[i] + self.num_envs
+        self._seeds[i] = seed
+        return seed
 
     def close(self) -> None:
         for w in self.workers:
