@@ -8,6 +8,11 @@ One `update` is one gradient step of everything on one replay batch:
 The encoder learns from the critic and flow-matching losses; the self-consistency and Q terms see
 a detached z, and the Q term leaves the critic's weights alone. Both losses are summed and
 backpropagated once, then each module's gradient is clipped separately.
+
+Under torch.distributed (torchrun, see robo_rl/utils/distributed.py for why not DDP wrappers) each rank
+backpropagates its own batch, the gradients (and the Q term's 1/mean|Q| scale) are averaged over the ranks
+before clipping, and every rank takes the same optimizer step: the update of one process on the ranks'
+batches concatenated.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from robo_rl.agents.world_model import WorldModelConfig
 from robo_rl.core import Obs
 from robo_rl.nets.encoders import EncoderConfig, ObsEncoder
 from robo_rl.nets.mlp import ema_update_
+from robo_rl.utils import distributed
 
 
 @dataclass
@@ -209,6 +215,7 @@ class SORLAgent(nn.Module):
             loss = loss + wm_loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        loss = self._average_over_ranks(loss)
         norms = {f"{name}_grad_norm": nn.utils.clip_grad_norm_(module.parameters(), self.config.grad_clip)
                  for name, module in self._learners()}
         info |= norms | actor_info
@@ -224,6 +231,21 @@ class SORLAgent(nn.Module):
             self._skip_nonfinite(values[0], {k: metrics[k] for k in norms})
         metrics["nonfinite_skipped"] = self.nonfinite_skipped
         return metrics | {f"wm_{k}": v for k, v in wm_info.items()}
+
+    def _average_over_ranks(self, loss: torch.Tensor) -> torch.Tensor:
+        """Data parallel: every trained parameter's gradient and the loss averaged over the ranks (one
+        all-reduce), so clipping, the non-finite check and the step are the same on every rank. A gradient
+        this rank did not produce counts as zero (the world model without a sequence batch): the ranks must
+        reduce equal-sized buffers. Returns the averaged loss (this rank's loss without torch.distributed)."""
+        if distributed.world_size() == 1:
+            return loss
+        params = [p for _, module in self._learners() for p in module.parameters()]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        loss = loss.detach().clone()
+        distributed.all_reduce_mean_([p.grad for p in params] + [loss])
+        return loss
 
     def _skip_nonfinite(self, loss: float, norms: dict[str, float]) -> None:
         self.nonfinite_skipped += 1
@@ -281,8 +303,11 @@ class SORLAgent(nn.Module):
         if cfg.q_weight:
             action_pi = self.pi(z_fixed, self._draw_q_steps())
             q = self.critic(z_fixed, action_pi, detach_params=True).mean(0)
-            # Dividing by mean|Q| makes q_weight independent of the reward scale.
-            q_loss = -q.mean() / q.abs().mean().detach().clamp_min(1e-6)
+            # Dividing by mean|Q| makes q_weight independent of the reward scale; data parallel, the scale is
+            # the mean over all ranks' batches, as for one process on them concatenated.
+            scale = q.abs().mean().detach()
+            distributed.all_reduce_mean_([scale])
+            q_loss = -q.mean() / scale.clamp_min(1e-6)
             loss = loss + cfg.q_weight * q_loss
             info["q_loss"] = q_loss
         info["actor_loss"] = loss
