@@ -19,7 +19,7 @@ class OfflineTrainer(Trainer):
             return
         start = progress.offline_step
         bar = tqdm(range(start, budget.offline_steps), desc="offline", initial=start, total=budget.offline_steps,
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, disable=not self.main)
         for step in bar:
             metrics = self.update()
             progress.offline_step = step + 1

@@ -16,6 +16,7 @@ from robo_rl.checkpoint import build_actor
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.trainer import Progress, Trainer
+from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
 
 
@@ -26,6 +27,8 @@ class OnlineTrainer(Trainer):
     Metrics are logged at the run's step (offline steps + env steps), a point of the learning curve every
     `budget.eval_every` env steps, a checkpoint with the buffer every `budget.checkpoint_every`. An env
     whose worker died mid-step stores nothing and its cut episode is not scored; restarts are logged.
+    Data parallel, each rank acts in its own envs from its own seeds (distributed.rank_seed) and only
+    rank 0 evaluates.
     """
 
     phase = "online"
@@ -35,7 +38,8 @@ class OnlineTrainer(Trainer):
         super().__init__(cfg, env, agent, buffer, logger, run_dir, progress)
         self.curve = curve
         noise = cfg.param_noise_std if cfg.explore == "param_noise" else 0.0
-        self.actor = build_actor(agent, cfg.planner, cfg.train.gamma, cfg.seed, param_noise_std=noise,
+        self.actor = build_actor(agent, cfg.planner, cfg.train.gamma, distributed.rank_seed(cfg.seed),
+                                 param_noise_std=noise,
                                  num_groups=min(2, env.num_envs))
         self.offline_success_rate: float | None = None  # of the policy fine-tuning starts from
 
@@ -45,14 +49,16 @@ class OnlineTrainer(Trainer):
         budget, B = cfg.budget, env.num_envs
         updates_per_iter = max(1, round(budget.utd * B))
         start = progress.env_steps
-        obs = env.reset(seed=cfg.seed + 7919 * (start + 1))  # fresh episodes, also after a resume
+        # fresh episodes, also after a resume
+        obs = env.reset(seed=distributed.rank_seed(cfg.seed) + 7919 * (start + 1))
         actor.reset(range(B))
         episode_return, episode_len = np.zeros(B), np.zeros(B, int)
         recent = deque(maxlen=20)  # (success, return, length) of the last finished episodes
         metrics, t0 = {}, time.time()
         next_log, next_ckpt = _next_multiple(start, budget.log_every), _next_multiple(start, budget.checkpoint_every)
         next_eval = _next_multiple(start, budget.eval_every) if budget.eval_every else None
-        bar = tqdm(total=budget.online_steps, initial=start, desc="online", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=budget.online_steps, initial=start, desc="online", unit="step", dynamic_ncols=True,
+                   disable=not self.main)
         while progress.env_steps < budget.online_steps:
             actions = actor.act(obs)
             result = env.step(actions)
@@ -86,7 +92,7 @@ class OnlineTrainer(Trainer):
                                  **{f"rollout/{k}": v for k, v in stats.items()}, "env_steps": steps}, progress.step)
                 bar.set_postfix(success=f"{stats.get('success', float('nan')):.2f}",
                                 ret=f"{stats.get('return', float('nan')):.2f}", sps=f"{stats['steps_per_s']:.1f}")
-            if next_eval is not None and steps >= next_eval:
+            if next_eval is not None and steps >= next_eval and self.main:
                 next_eval = _next_multiple(steps, budget.eval_every)
                 self.logger.log({**{f"eval/{k}": v for k, v in self._curve_point().items()}, "env_steps": steps},
                                 progress.step)
@@ -98,6 +104,8 @@ class OnlineTrainer(Trainer):
     def _evaluate_offline_start(self) -> None:
         """The policy fine-tuning starts from, evaluated once (a resumed run reads it back from
         offline_eval.json): the line the learning curve must climb above."""
+        if not self.main:
+            return
         path = self.run_dir / "offline_eval.json"
         if self.buffer.num_offline and not path.exists():
             write_json(path, self.eval("offline", ["none"])["actors"]["none"])

@@ -8,6 +8,11 @@ curves.json/png, eval.json, videos/, and for language-conditioned LIBERO runs in
 (the text model runs once per instruction; the checkpoints hold the table too). `resume=true` picks up
 from the newest checkpoint there: its model, optimizer, RNG and exactly the buffer saved with it; the
 episodes a crash interrupted end there, truncated, and the envs start new ones.
+
+Under torchrun (`torchrun --nproc_per_node=N scripts/train_qwm.py ...`) every rank runs this with its own
+envs, buffer and seeds (robo_rl/utils/distributed.py), in rank 0's run directory: rank 0's weights reach all
+ranks before training, each gradient step averages the ranks' gradients, and rank 0 alone writes
+checkpoints, evaluations and the run's metrics.jsonl (rank r logs its own under rank<r>/).
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.checkpoint import build_agent, latest_checkpoint, load_buffer, load_checkpoint, restore_training_state
 from robo_rl.core import ACTION_DIM, TASK_KEY, obs_shapes
@@ -29,6 +34,7 @@ from robo_rl.train.offline import OfflineTrainer
 from robo_rl.train.online import OnlineTrainer
 from robo_rl.train.sources import offline_episodes
 from robo_rl.train.trainer import Progress, Trainer
+from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
 from robo_rl.utils.schema import ConfigError
 from robo_rl.utils.seeding import seed_everything
@@ -37,14 +43,17 @@ INSTRUCTION_CACHE = "instruction_embeddings.json"
 
 
 def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
-    """Train as configured; returns (and writes to run_dir/eval.json) the final evaluation."""
+    """Train as configured; returns (and writes to run_dir/eval.json) the final evaluation ({} on ranks
+    other than 0)."""
     started = time.time()
-    run_dir = Path(run_dir)
+    rank, world = distributed.init_from_env(cfg.device)
+    run_dir = Path(distributed.broadcast_object(str(run_dir)))  # Hydra's timestamped dir may differ by rank
     run_dir.mkdir(parents=True, exist_ok=True)
-    seed_everything(cfg.seed)
+    seed_everything(distributed.rank_seed(cfg.seed))
     spec = env_spec(cfg, render=True)
     state = _checkpoint_to_resume(cfg, run_dir)
-    episodes = offline_episodes(cfg, spec)
+    with distributed.main_first():  # rank 0 writes the scripted-demo cache, the others read it
+        episodes = offline_episodes(cfg, spec)
     if not online and not episodes:
         raise ValueError(f"offline pretraining on {cfg.task.name} needs demonstrations: pass dataset=PATH")
     env = make_vec_env(cfg) if online else None
@@ -64,8 +73,13 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
             if state["phase"] == "online":
                 buffer = load_buffer(run_dir, state, device=buffer.device)
                 buffer.end_episodes()  # the envs restart below: nothing may join the interrupted episodes
-        logger = RunLogger(run_dir, cfg, name=f"{cfg.task.name}-{run_dir.name}",
-                           resume_step=-1 if state is None else progress.step)
+        if world > 1:  # every rank starts from rank 0's weights and normalisation
+            distributed.broadcast_module_(agent)
+            if state is not None and rank:  # the checkpoint restored rank 0's RNG on every rank
+                seed_everything(distributed.rank_seed(cfg.seed) + progress.step)
+        logger = RunLogger(run_dir if rank == 0 else run_dir / f"rank{rank}",
+                           cfg if rank == 0 else OmegaConf.merge(cfg, {"logger": {"mode": "disabled"}}),
+                           name=f"{cfg.task.name}-{run_dir.name}", resume_step=-1 if state is None else progress.step)
         curve = LearningCurve(run_dir, resume_env_steps=None if state is None else progress.env_steps)
 
         trainer: Trainer = OfflineTrainer(cfg, None, agent, buffer, logger, run_dir, progress)
@@ -76,6 +90,10 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
     finally:
         if env is not None:
             env.close()
+    distributed.shutdown()
+    if rank:
+        logger.close()
+        return {}
     result = _final_evaluation(trainer, online, started)
     if online:
         curve.add(progress.env_steps, result["success_rate"], result.get("success_rate_no_search"))
@@ -116,7 +134,8 @@ def _build_buffer(cfg: DictConfig, shapes: dict, episodes: list[Episode]) -> Rep
     pin = "cuda" in str(cfg.device)
     buffer = ReplayBuffer(shapes, None, ACTION_DIM, capacity=max(cfg.budget.online_steps, 2 * cfg.env.num_envs) + 1000,
                           num_envs=cfg.env.num_envs, device=cfg.device if pin else "cpu",
-                          offline_ratio=cfg.train.offline_ratio, gamma=cfg.train.gamma, seed=cfg.seed)
+                          offline_ratio=cfg.train.offline_ratio, gamma=cfg.train.gamma,
+                          seed=distributed.rank_seed(cfg.seed))
     if episodes:
         buffer.add_offline(episodes)
     return buffer

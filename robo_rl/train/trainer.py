@@ -17,6 +17,7 @@ from robo_rl.checkpoint import build_actor, save_checkpoint, training_state
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.envs import make_vec_env
 from robo_rl.eval.rollout import eval_seed, evaluate_actors
+from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger
 
 
@@ -40,6 +41,9 @@ class Trainer:
     renderer when asked) and acts as `actors` names them: "none" is the policy alone, cfg.planner.name
     (e.g. "qwm") acts through the search; `self.actors` are the run's: the acting one first, and the
     policy alone beside it when there is a search, on paired episodes.
+
+    Data parallel (torchrun), every rank trains the same agent on its own envs and buffer; only rank 0
+    (`self.main`) saves checkpoints and evaluates.
     """
 
     phase: str  # "offline" | "online": what a checkpoint this trainer saves resumes into
@@ -51,6 +55,7 @@ class Trainer:
         self.search = cfg.planner.name != "none"
         self.acting = cfg.planner.name if self.search else "none"
         self.actors = [self.acting, "none"] if self.search else [self.acting]
+        self.main = distributed.is_main()
 
     def train(self) -> None:
         """Run this trainer's phase from the current counters, checkpointing as the budget says."""
@@ -74,8 +79,10 @@ class Trainer:
             seq = self.buffer.sample_sequences(budget.batch_size, budget.seq_horizon * h)
         return self.agent.update(batch, seq)
 
-    def save(self) -> Path:
-        """Checkpoint at the current counters (online: with the replay buffer)."""
+    def save(self) -> Path | None:
+        """Checkpoint at the current counters (online: with the replay buffer); None on ranks other than 0."""
+        if not self.main:
+            return None
         p = self.progress
         state = training_state(self.cfg, self.agent, self.phase, p.offline_step, p.env_steps)
         return save_checkpoint(self.run_dir, p.step, state, buffer=self.buffer if self.phase == "online" else None)

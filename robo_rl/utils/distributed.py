@@ -16,7 +16,9 @@ batches), at the cost of one all-reduce per update that is not overlapped with t
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
@@ -76,3 +78,29 @@ def broadcast_module_(module: torch.nn.Module) -> None:
     """Rank 0's parameters and buffers on every rank (initialisation and normalisation may differ by rank)."""
     for tensor in [*module.parameters(), *module.buffers()]:
         dist.broadcast(tensor.data, src=0)
+
+
+def broadcast_object(obj):
+    """Rank 0's `obj` (picklable) on every rank; `obj` itself in a single process."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@contextlib.contextmanager
+def main_first() -> Iterator[None]:
+    """Rank 0 runs the block first, the other ranks after it: for work that writes shared files (the
+    scripted-demo cache), which they then only read."""
+    if world_size() > 1 and not is_main():
+        dist.barrier()
+    yield
+    if world_size() > 1 and is_main():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    """Leave the process group (after the last collective of a run)."""
+    if world_size() > 1:
+        dist.destroy_process_group()
