@@ -75,7 +75,10 @@ def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
 
 
 def broadcast_module_(module: torch.nn.Module) -> None:
-    """Rank 0's parameters and buffers on every rank (initialisation and normalisation may differ by rank)."""
+    """Rank 0's parameters and buffers on every rank (initialisation and normalisation may differ by rank);
+    nothing to do in a single process."""
+    if world_size() == 1:
+        return
     for tensor in [*module.parameters(), *module.buffers()]:
         dist.broadcast(tensor.data, src=0)
 

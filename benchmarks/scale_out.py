@@ -1,0 +1,132 @@
+"""Scale-out costs on this machine: Ray env runners against subprocess workers, and DDP learner ranks.
+
+    python benchmarks/scale_out.py --json OUT [--num-envs 2] [--runners 2] [--steps 300] [--rounds 3]
+                                   [--updates 20] [--ranks 1 2]
+
+  subprocess_steps_per_s  VecEnv(workers="subprocess"), --num-envs robosuite Lift envs (state obs), random
+                          actions with auto-reset; control steps summed over envs (best round)
+  ray_steps_per_s         RayVecEnv, the same envs over --runners Ray actors on a local Ray cluster (best round)
+  ray_vs_subprocess       ray / subprocess: the overhead Ray adds (1.0 = none)
+  single_env_steps_per_s  one env stepped in this process, no workers (reference: the simulator's own pace here)
+  ddp_updates_per_s       {ranks: SORL gradient updates/s} with that many gloo ranks (torch.multiprocessing),
+                          each on its own batch of --batch-size (budget=cpu network sizes); an update with
+                          r ranks learns from r batches
+  ddp_samples_per_s       {ranks: updates/s * ranks * batch size}
+
+Rounds of the two env backends are interleaved and the best round is the headline: other processes on
+this shared machine only ever slow a round down (all rounds are in the JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).parent))
+from env_throughput import LOW_DIM_KEYS, random_actions, single_env_rate, subprocess_rate, timed_rate  # noqa: E402
+from offline_updates import ACTION_DIM, LIFT_OBS, synthetic_batch  # noqa: E402
+
+from robo_rl.agents.sorl import SORLAgent, SORLConfig  # noqa: E402
+from robo_rl.envs.spec import EnvSpec  # noqa: E402
+from robo_rl.nets.encoders import EncoderConfig  # noqa: E402
+from robo_rl.utils import distributed  # noqa: E402
+
+
+def ray_rate(spec: EnvSpec, num_envs: int, runners: int, steps: int, max_seconds: float) -> float:
+    from robo_rl.envs.ray_runners import RayVecEnv
+
+    rng = np.random.default_rng(0)
+    with RayVecEnv(spec, num_envs, num_runners=runners) as env:
+        env.reset(seed=0)
+        return timed_rate(lambda: env.step(random_actions(num_envs, rng)), num_envs, steps, max_seconds)
+
+
+def cpu_budget_config() -> SORLConfig:
+    """The networks of conf/agent/size/cpu.yaml (budget=cpu, the default run)."""
+    return SORLConfig(encoder=EncoderConfig(latent_dim=128, hidden_dims=(256,)), actor_hidden_dims=(256,) * 3,
+                      critic_hidden_dims=(256,) * 3, num_critics=4)
+
+
+def _rank_updates(rank: int, world: int, port: int, updates: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    distributed.init_from_env("cpu")
+    torch.manual_seed(rank)
+    agent = SORLAgent(LIFT_OBS, ACTION_DIM, config=cpu_budget_config())
+    distributed.broadcast_module_(agent)
+    batch = synthetic_batch()
+    for _ in range(3):  # warm-up
+        agent.update(batch)
+    start = time.perf_counter()
+    for _ in range(updates):
+        agent.update(batch)
+    rate = updates / (time.perf_counter() - start)
+    if rank == 0:
+        Path(out).write_text(json.dumps(rate))
+    distributed.shutdown()
+
+
+def ddp_rate(ranks: int, updates: int, out: Path) -> float:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_updates, args=(ranks, port, updates, str(out)), nprocs=ranks)
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-envs", type=int, default=2)
+    parser.add_argument("--runners", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--max-seconds", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args()
+
+    spec = EnvSpec(suite="robosuite", env_name="Lift", low_dim_keys=LOW_DIM_KEYS)
+    rounds = {"subprocess": [], "ray": [], "single_env": []}
+    for _ in range(args.rounds):
+        rounds["single_env"].append(single_env_rate(spec, args.steps, args.max_seconds))
+        rounds["subprocess"].append(subprocess_rate(spec, args.num_envs, args.steps, args.max_seconds))
+        rounds["ray"].append(ray_rate(spec, args.num_envs, args.runners, args.steps, args.max_seconds))
+    sub, ray_, single = max(rounds["subprocess"]), max(rounds["ray"]), max(rounds["single_env"])
+
+    ddp = {r: ddp_rate(r, args.updates, args.json.with_suffix(f".rank{r}.tmp")) for r in args.ranks}
+    for r in args.ranks:
+        args.json.with_suffix(f".rank{r}.tmp").unlink()
+    batch = synthetic_batch()["reward"].shape[0]
+    result = {
+        "subprocess_steps_per_s": sub, "ray_steps_per_s": ray_, "ray_vs_subprocess": ray_ / sub,
+        "single_env_steps_per_s": single,
+        "ddp_updates_per_s": ddp, "ddp_samples_per_s": {r: u * r * batch for r, u in ddp.items()},
+        "env_rounds": rounds, "num_envs": args.num_envs, "runners": args.runners, "batch_size": batch,
+        "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
+    }
+    print(f"\nLift state, {args.num_envs} envs, best of {args.rounds} rounds (control steps/s, summed over envs)")
+    print(f"{'backend':<28}{'steps/s':>10}{'vs subprocess':>16}")
+    print(f"{'subprocess workers':<28}{sub:>10.1f}{1.0:>16.2f}")
+    print(f"{f'ray, {args.runners} runners':<28}{ray_:>10.1f}{ray_ / sub:>16.2f}")
+    print(f"{'1 env in this process':<28}{single:>10.1f}{single / sub:>16.2f}")
+    print(f"\nSORL updates (budget=cpu nets, batch {batch} per rank), gloo ranks on {os.cpu_count()} cores")
+    print(f"{'ranks':<8}{'updates/s':>12}{'samples/s':>12}{'vs 1 rank':>12}")
+    for r, u in ddp.items():
+        base = ddp.get(1)
+        print(f"{r:<8}{u:>12.2f}{u * r * batch:>12.0f}{(u / base if base else float('nan')):>12.2f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+    print(f"-> {args.json}")
+
+
+if __name__ == "__main__":
+    main()
