@@ -224,6 +224,7 @@ class EvaluateConfig:  # conf/evaluate.yaml
 class CollectDemosConfig:  # conf/collect_demos.yaml
     env: EnvConfig
     task: TaskConfig
+    agent: AgentConfig  # not read: there only for the agent settings LIBERO task configs make
     num_demos: int
     output: str | None
     noise: float
@@ -234,10 +235,11 @@ class CollectDemosConfig:  # conf/collect_demos.yaml
         _at_least(self, 1, "num_demos")
         _at_least(self, 0, "noise")
         if not self.output:
-            raise ValueError("output=None: collect_demos.py writes the demos to output=PATH.hdf5; pass one")
+            raise ValueError("output=None: collect_demos.py writes the demos to output=PATH.hdf5 (LIBERO suites: "
+                             "output=DIR, one file per task); pass one")
         if not self.task.expert:
             raise ValueError(f"task.expert=None: task {self.task.name} has no scripted expert; "
-                             "scripted demos exist for task=lift, task=can and task=square")
+                             "scripted demos exist for task=lift, can, square and libero_object")
 
 
 @dataclass

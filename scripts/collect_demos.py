@@ -1,5 +1,8 @@
-"""Scripted demos as robomimic HDF5: `python scripts/collect_demos.py task=lift num_demos=50 output=PATH`.
+"""Scripted demos: `python scripts/collect_demos.py task=lift num_demos=50 output=PATH`.
 
+robosuite tasks: one robomimic HDF5 file at output=PATH. LIBERO suites (task=libero_object): num_demos
+demos of each task, one LIBERO HDF5 file per task in the folder output=DIR (named as LIBERO names its
+files; a task whose file is there is skipped), which `dataset=DIR` trains on.
 Options: env=image (camera obs), noise=0.1 (action noise for diversity), seed=0. Only successful
 episodes are kept; the expert's success rate is printed and stored as the attr
 `expert_success_rate` of the file's `data` group.
@@ -11,12 +14,18 @@ from omegaconf import DictConfig
 @hydra.main(config_path="../conf", config_name="collect_demos", version_base=None)
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
-    from robo_rl.demos.collect import collect_demos
     from robo_rl.data.hdf5 import write_robomimic
+    from robo_rl.demos.collect import collect_demos, collect_libero_demos
     from robo_rl.envs import env_spec
 
     with stop_on_bad_input():
-        episodes, rate, env_args = collect_demos(env_spec(cfg), cfg.task.expert, cfg.num_demos, noise=cfg.noise,
+        spec = env_spec(cfg)
+        if spec.suite == "libero":
+            files = collect_libero_demos(spec, cfg.task.expert, cfg.num_demos, cfg.output, noise=cfg.noise,
+                                         seed=cfg.seed, num_envs=cfg.env.num_envs)
+            print(f"[demos] {len(files)} LIBERO files ({cfg.num_demos} demos each) in {cfg.output}")
+            return
+        episodes, rate, env_args = collect_demos(spec, cfg.task.expert, cfg.num_demos, noise=cfg.noise,
                                                  seed=cfg.seed, num_envs=cfg.env.num_envs)
         write_robomimic(cfg.output, episodes, env_args, attrs={"expert_success_rate": rate})
     steps = sum(e.num_steps for e in episodes)

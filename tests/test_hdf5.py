@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from robo_rl.data.hdf5 import DatasetError, Episode, read_hdf5, write_robomimic
+from robo_rl.data.hdf5 import DatasetError, Episode, read_hdf5, write_libero, write_robomimic
 
 LOW_DIM = {"object": 10, "robot0_eef_pos": 3}
 ENV_ARGS = {"env_name": "Lift", "type": 1, "env_kwargs": {"robots": ["Panda"], "control_freq": 20}}
@@ -156,6 +156,24 @@ def test_libero_file_is_read_upright_with_instruction(tmp_path):
         np.testing.assert_array_equal(image[T], image[T - 1])  # no next_obs: the last obs is repeated
         np.testing.assert_array_equal(e.obs["joint_states"][:T], t["joint_states"].astype(np.float32))
         assert e.rewards[-1] == 1 and e.terminals[-1] and not e.terminals[:-1].any()
+
+
+def test_libero_layout_written_as_libero_writes_it_and_read_back(tmp_path, episodes):
+    path = tmp_path / "pick_up_the_x_demo.hdf5"
+    write_libero(path, episodes, "pick up the x", "libero_object/pick_up_the_x.bddl",
+                 {"env_name": "libero_object", "type": 1, "env_kwargs": {}}, attrs={"expert_success_rate": 0.9})
+    with h5py.File(path) as f:
+        assert "mask" not in f and not any("next_obs" in f["data"][d] for d in f["data"])
+        assert f["data"].attrs["bddl_file_name"] == "libero_object/pick_up_the_x.bddl"
+        stored = f["data/demo_2/obs/agentview_image"][()]  # [T, H, W, C], bottom row first
+        np.testing.assert_array_equal(stored, episodes[2].obs["agentview_image"][:-1].transpose(0, 2, 3, 1)[:, ::-1])
+    dataset = read_hdf5(path, action_dim=7)
+    assert dataset.format == "libero" and dataset.attrs["expert_success_rate"] == 0.9
+    for written, read in zip(episodes, dataset.episodes):
+        assert read.instruction == "pick up the x" and read.num_steps == written.num_steps
+        for k, v in written.obs.items():  # LIBERO keeps T observations: the last one read is the one before
+            np.testing.assert_array_equal(read.obs[k], np.concatenate([v[:-1], v[-2:-1]]), err_msg=k)
+        np.testing.assert_array_equal(read.actions, written.actions)
 
 
 # -- bad inputs -------------------------------------------------------------------------------

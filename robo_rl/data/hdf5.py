@@ -6,9 +6,10 @@ Robomimic layout (what robomimic's own readers expect, and what we write):
         actions [T, A]  rewards [T]  dones [T]  states [T, D] (flattened MuJoCo state, when known)
         obs/<key> [T, ...]  next_obs/<key> [T, ...]     low-dim float, images uint8 H x W x C upright
     mask/<filter>       demo names (bytes), at least `train` and `valid`
-LIBERO layout: the same `data/demo_i` groups but no `next_obs` and no `mask`; images
-`agentview_rgb` / `eye_in_hand_rgb` stored upside down (OpenGL convention); the task's language
-instruction in the `problem_info` JSON attr of `data`.
+LIBERO layout (one file per task; read, and written by `write_libero`): the same `data/demo_i` groups but
+no `next_obs` and no `mask` (obs has T rows: the final observation is not kept); images `agentview_rgb` /
+`eye_in_hand_rgb` stored upside down (OpenGL convention, `macros_image_convention`); the task's language
+instruction in the `problem_info` JSON attr of `data`, its BDDL file in `bddl_file_name`.
 
 In memory an `Episode` holds T+1 observations (obs[t+1] follows action t) so that nothing is
 stored twice; images are channels-first and upright.
@@ -342,6 +343,30 @@ def write_robomimic(
     still apply), else they become demo_0..demo_{N-1}. The file appears atomically: it is written under
     a temporary name and renamed, so a failure never leaves a partial file at `path`.
     """
+    _write_file(path, episodes, env_args, attrs or {}, valid_fraction)
+
+
+def write_libero(
+    path: str | os.PathLike,
+    episodes: Sequence[Episode],
+    instruction: str,
+    bddl_file_name: str,
+    env_args: dict,
+    attrs: dict | None = None,
+) -> None:
+    """Write one task's episodes as a LIBERO dataset file, laid out as LIBERO's scripts/create_dataset.py lays
+    out the official ones (see the module docstring). The final observation of each episode is not kept
+    (LIBERO keeps T observations; `read_hdf5` repeats the last one). Written atomically."""
+    problem = {"problem_name": env_args.get("env_name"), "language_instruction": instruction}
+    _write_file(path, episodes, env_args, {"problem_info": problem, "bddl_file_name": bddl_file_name,
+                                           "macros_image_convention": "opengl", **(attrs or {})}, None)
+
+
+def _write_file(path: str | os.PathLike, episodes: Sequence[Episode], env_args: dict, attrs: dict,
+                valid_fraction: float | None) -> None:
+    """Validate and write episodes as `data/demo_i` groups with `data` attrs (dicts and lists as JSON):
+    robomimic layout with `mask/train` and `mask/valid` when `valid_fraction` is given, else LIBERO's. The
+    file is written under a temporary name and renamed, so a failure never leaves a partial file at `path`."""
     path = os.fspath(path)
     if not episodes:
         raise DatasetError(f"{path}: no episodes to write")
@@ -355,16 +380,17 @@ def write_robomimic(
         with h5py.File(tmp, "w") as f:
             data = f.create_group("data")
             for name, episode in zip(names, episodes):
-                _write_episode(data.create_group(name), episode)
+                _write_episode(data.create_group(name), episode, libero=valid_fraction is None)
             data.attrs["total"] = int(sum(e.num_steps for e in episodes))
             data.attrs["env_args"] = json.dumps(env_args)
-            for k, v in (attrs or {}).items():
+            for k, v in attrs.items():
                 if v is None:
                     continue
                 data.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
-            train, valid = _split_train_valid(names, valid_fraction)
-            f.create_dataset("mask/train", data=np.array(train, dtype="S"))
-            f.create_dataset("mask/valid", data=np.array(valid, dtype="S"))
+            if valid_fraction is not None:
+                train, valid = _split_train_valid(names, valid_fraction)
+                f.create_dataset("mask/train", data=np.array(train, dtype="S"))
+                f.create_dataset("mask/valid", data=np.array(valid, dtype="S"))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -400,13 +426,16 @@ def _validate_episode(path: str, name: str, e: Episode, obs_keys: list[str]) -> 
                                "(obs needs T+1 rows, every other array T); fix the episode before writing")
 
 
-def _write_episode(group: h5py.Group, e: Episode) -> None:
+def _write_episode(group: h5py.Group, e: Episode, libero: bool) -> None:
+    """robomimic: obs and next_obs, images upright, task id and instruction per demo; LIBERO: obs only (T rows),
+    images upside down."""
     group.attrs["num_samples"] = e.num_steps
     if e.model_file is not None:
         group.attrs["model_file"] = e.model_file
-    group.attrs["task_id"] = int(e.task_id)
-    if e.instruction is not None:
-        group.attrs["instruction"] = e.instruction
+    if not libero:  # a LIBERO file is one task: its instruction (problem_info) names it, as in LIBERO's own
+        group.attrs["task_id"] = int(e.task_id)
+        if e.instruction is not None:
+            group.attrs["instruction"] = e.instruction
     group.create_dataset("actions", data=e.actions)
     group.create_dataset("rewards", data=e.rewards)
     group.create_dataset("dones", data=e.terminals.astype(np.int64))  # robomimic stores dones as integers
@@ -415,9 +444,11 @@ def _write_episode(group: h5py.Group, e: Episode) -> None:
     for k, v in e.obs.items():
         if k == TASK_KEY:  # kept as the demo attr; robomimic has no modality for it
             continue
-        stored = np.ascontiguousarray(v.transpose(0, 2, 3, 1)) if is_image_key(k) else v
-        group.create_dataset(f"obs/{k}", data=stored[:-1])
-        group.create_dataset(f"next_obs/{k}", data=stored[1:])
+        if is_image_key(k):  # [T+1, C, H, W] upright -> [T+1, H, W, C], LIBERO's rows bottom first
+            v = np.ascontiguousarray((v[:, :, ::-1] if libero else v).transpose(0, 2, 3, 1))
+        group.create_dataset(f"obs/{k}", data=v[:-1])
+        if not libero:
+            group.create_dataset(f"next_obs/{k}", data=v[1:])
 
 
 def _split_train_valid(names: list[str], valid_fraction: float) -> tuple[list[str], list[str]]:

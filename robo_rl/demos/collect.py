@@ -1,15 +1,20 @@
 """Scripted demonstrations: a task's expert rolled out in the simulator, its successful episodes kept.
 
-`scripts/collect_demos.py` writes them as robomimic HDF5; training without `dataset=` collects and
-caches them on first use (`robo_rl/train/sources.py`).
+`scripts/collect_demos.py` writes them as robomimic HDF5 (robosuite tasks) or as LIBERO HDF5, one file per
+task (LIBERO suites); training without `dataset=` collects and caches them on first use
+(`robo_rl/train/sources.py`).
 """
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from robo_rl.data.hdf5 import Episode
+from robo_rl.data.hdf5 import Episode, write_libero
 from robo_rl.demos.experts import EXPERTS
+from robo_rl.envs.libero import load_suite
 from robo_rl.envs.robosuite import robosuite_env_kwargs
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import VecEnv
@@ -23,8 +28,12 @@ def collect_demos(spec: EnvSpec, expert_name: str, num_demos: int, noise: float 
     Returns (episodes, expert_success_rate, env_args). Episodes carry MuJoCo states and the scene
     XML so they can be written as robomimic HDF5 and replayed. Failed attempts are discarded; the
     success rate over all attempts is reported (and stored by the caller as a file attribute).
+    The envs also observe the keys the expert reads that `spec` lacks (image obs carry no object poses):
+    the episodes hold them too.
     """
     expert = EXPERTS[expert_name](num_envs, noise=noise, seed=seed)
+    unobserved = tuple(k for k in expert.obs_keys if k not in spec.low_dim_keys)
+    spec = dataclasses.replace(spec, low_dim_keys=spec.low_dim_keys + unobserved)
     episodes, attempts, successes, next_seed = [], 0, 0, seed
     max_attempts = max_attempts_factor * num_demos
     bar = tqdm(total=num_demos, desc=f"demos {spec.env_name}", disable=not progress, leave=False)
@@ -72,5 +81,29 @@ def collect_demos(spec: EnvSpec, expert_name: str, num_demos: int, noise: float 
     if len(episodes) < num_demos:
         raise RuntimeError(f"scripted {expert_name} expert collected only {len(episodes)}/{num_demos} successful "
                            f"demos in {attempts} attempts; lower the noise or raise the horizon")
-    env_args = {"env_name": spec.env_name, "type": 1, "env_kwargs": robosuite_env_kwargs(spec)}
+    env_args = {"env_name": spec.env_name, "type": 1,
+                "env_kwargs": robosuite_env_kwargs(spec) if spec.suite == "robosuite" else {}}
     return episodes, successes / attempts, env_args
+
+
+def collect_libero_demos(spec: EnvSpec, expert_name: str, num_demos: int, folder: str | Path, noise: float = 0.1,
+                         seed: int = 0, num_envs: int = 2) -> list[Path]:
+    """`num_demos` scripted demos of each task of `spec.task_ids`, one LIBERO file per task in `folder`, named as
+    LIBERO names its files (`<bddl name>_demo.hdf5`); a task whose file exists is not collected again.
+    Demos start from random placements (env seeds), not from the evaluation's fixed init states. Returns the
+    files, in task order; each records its expert's success rate as `expert_success_rate`."""
+    suite = load_suite(spec.env_name)
+    paths = []
+    for task_id in spec.task_ids:
+        task = suite.get_task(task_id)
+        path = Path(folder) / f"{Path(task.bddl_file).stem}_demo.hdf5"
+        paths.append(path)
+        if path.exists():
+            continue
+        episodes, rate, env_args = collect_demos(dataclasses.replace(spec, task_ids=(task_id,)), expert_name,
+                                                 num_demos, noise=noise, seed=seed, num_envs=num_envs)
+        print(f"[demos] {spec.env_name} task {task_id} ({task.language}): {len(episodes)} demos, "
+              f"expert success rate {rate:.2f} -> {path}", flush=True)
+        write_libero(path, episodes, task.language, f"{task.problem_folder}/{task.bddl_file}", env_args,
+                     attrs={"expert_success_rate": rate, "num_demos": len(episodes)})
+    return paths

@@ -1,7 +1,7 @@
-"""Scripted experts for robosuite tasks, batched over envs, with noise for demo diversity.
+"""Scripted experts for robosuite tasks and LIBERO-Object, batched over envs, with noise for demo diversity.
 
-Each expert maps a batch of observations (robomimic keys, numpy or torch [B, ...]) to OSC_POSE
-delta actions [B, 7] in [-1, 1]: position (±1 = ±5 cm per step), axis-angle rotation, gripper
+Each expert maps a batch of observations (robomimic keys, or LIBERO's for LIBERO-Object; numpy or torch
+[B, ...]) to OSC_POSE delta actions [B, 7] in [-1, 1]: position (±1 = ±5 cm per step), axis-angle rotation, gripper
 (-1 open, +1 closed). Experts keep a per-env phase, so call `reset(env_ids)` when episodes start.
 """
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from robo_rl.core import ACTION_DIM
+from robo_rl.envs.libero import OBJECT_FEATURES
 
 # OSC_POSE maps action 1.0 to 5 cm of eef motion per control step; gains below are per metre.
 _POS_GAIN = 1.0 / 0.05
@@ -28,6 +29,13 @@ def _rotate(quat: np.ndarray, v: np.ndarray) -> np.ndarray:
     q, w = quat[:, :3], quat[:, 3:]
     t = 2 * np.cross(q, v)
     return v + w * t + np.cross(q, t)
+
+
+def _quat_from_axis_angle(axis_angle: np.ndarray) -> np.ndarray:
+    """Axis-angle [B, 3] (LIBERO's `ee_ori`, the end of `ee_states`) -> quaternion xyzw [B, 4]."""
+    angle = np.linalg.norm(axis_angle, axis=1, keepdims=True)
+    axis = axis_angle / np.maximum(angle, 1e-8)
+    return np.concatenate([axis * np.sin(angle / 2), np.cos(angle / 2)], axis=1)
 
 
 def _tilt(eef_quat: np.ndarray) -> np.ndarray:
@@ -51,15 +59,18 @@ class PickPlaceExpert:
     tasks. Phases advance per env when the end effector reaches its waypoint.
     """
 
+    obs_keys = ("object", "robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")  # what `act` reads
+
     HOVER, DESCEND, GRASP, LIFT, CARRY, LOWER, RELEASE, RETREAT = range(8)
     grasp_offset = np.zeros(3)              # where the fingers close, in the object's frame
     grasp_symmetry = np.pi / 2              # the fingers fit the object at yaws this far apart (a cube: 90 degrees)
     carry_height = 0.2                      # above the grasp height while lifting / carrying
-    place_target: np.ndarray | None = None  # where the object goes; None: lifting is the task
+    place_target: np.ndarray | None = None  # where the object goes ([3], or [B, 3] one per env); None: lifting is the task
     place_yaws: np.ndarray | None = None    # yaws [K] the object may have over its target (the nearest); None: any
     place_tolerance = 0.02                  # the object's xy distance from its target at which lowering starts
     release_height = 0.0                    # above place_target when the object is let go
     hold_upright = False                    # undo the hand's tilt (Can reaches its bin's far corner only tilted)
+    hover_heights = (0.06, 0.10)            # the range each episode draws its height above the grasp point from
 
     def __init__(self, num_envs: int, noise: float = 0.0, seed: int = 0):
         self.num_envs, self.noise = num_envs, noise
@@ -76,7 +87,19 @@ class PickPlaceExpert:
         self.timer[ids] = 0
         self.last_eef[ids] = np.nan
         # Diversity: each demo hovers at its own height before descending.
-        self.hover_height[ids] = 0.06 + 0.04 * self.rng.random(len(ids))
+        low, high = self.hover_heights
+        self.hover_height[ids] = low + (high - low) * self.rng.random(len(ids))
+
+    def _observe(self, obs: dict) -> tuple[np.ndarray, ...]:
+        """(object position [B, 3], object quat xyzw [B, 4], eef position [B, 3], eef quat xyzw [B, 4],
+        finger joints [B, 2]) from robomimic's observation keys."""
+        obj = _np(obs["object"])
+        return (obj[:, :3], obj[:, 3:7], _np(obs["robot0_eef_pos"]), _np(obs["robot0_eef_quat"]),
+                _np(obs["robot0_gripper_qpos"]))
+
+    def _grasp_point(self, obj_pos: np.ndarray, obj_quat: np.ndarray) -> np.ndarray:
+        """Where the fingers close [B, 3], from the object's position [B, 3] and quat [B, 4]."""
+        return obj_pos + _rotate(obj_quat, self.grasp_offset)
 
     def _waypoints(self, grasp_point: np.ndarray, obj_pos: np.ndarray, eef: np.ndarray) -> np.ndarray:
         """Target eef position [B, 3] of each env's current phase, from the grasp point, the object's centre and
@@ -86,10 +109,12 @@ class PickPlaceExpert:
         carrying = self.phase >= self.LIFT
         target[carrying] = self.grasp_pos[carrying] + np.array([0.0, 0.0, self.carry_height])
         if self.place_target is not None:
+            place = np.broadcast_to(self.place_target, target.shape)  # one target for all envs, or one each
             over_target = self.phase >= self.CARRY
-            target[over_target, :2] = self.place_target[:2]
-            target[self.phase == self.LOWER, 2] = self.place_target[2] + self.release_height
-            target[self.phase == self.RETREAT, 2] = self.place_target[2] + 0.3
+            target[over_target, :2] = place[over_target, :2]
+            lowering, retreating = self.phase == self.LOWER, self.phase == self.RETREAT
+            target[lowering, 2] = place[lowering, 2] + self.release_height
+            target[retreating, 2] = place[retreating, 2] + 0.3
         return target
 
     def _yaw_error(self, obj_quat: np.ndarray, eef_quat: np.ndarray) -> np.ndarray:
@@ -107,10 +132,8 @@ class PickPlaceExpert:
 
     def act(self, obs: dict) -> np.ndarray:
         """OSC_POSE actions [B, 7] for a batch of observations; advances each env's phase."""
-        obj = _np(obs["object"])
-        obj_pos, obj_quat = obj[:, :3], obj[:, 3:7]
-        eef, eef_quat = _np(obs["robot0_eef_pos"]), _np(obs["robot0_eef_quat"])
-        grasp_point = obj_pos + _rotate(obj_quat, self.grasp_offset)
+        obj_pos, obj_quat, eef, eef_quat, finger_qpos = self._observe(obs)
+        grasp_point = self._grasp_point(obj_pos, obj_quat)
         delta = self._waypoints(grasp_point, obj_pos, eef) - eef
         yaw_error = self._yaw_error(obj_quat, eef_quat)
 
@@ -123,7 +146,7 @@ class PickPlaceExpert:
         closed = (self.phase >= self.GRASP) & (self.phase <= self.LOWER)
         action[:, 6] = np.where(closed, 1.0, -1.0)
 
-        self._next_phase(delta, yaw_error, eef, _np(obs["robot0_gripper_qpos"]))
+        self._next_phase(delta, yaw_error, eef, finger_qpos)
         if self.noise > 0:
             action[:, :6] += self.noise * self.rng.standard_normal((self.num_envs, 6))
         return np.clip(action, -1.0, 1.0).astype(np.float32)
@@ -196,7 +219,43 @@ class SquareExpert(PickPlaceExpert):
         return target
 
 
-EXPERTS = {"lift": LiftExpert, "can": CanExpert, "square": SquareExpert}
+class LiberoObjectExpert(PickPlaceExpert):
+    """LIBERO-Object (all ten tasks: "pick up the X and place it in the basket"): grasp the item from above,
+    carry it over the basket and let it go low inside.
+
+    Reads LIBERO's keys: `object` (the poses of env=state; the item's first, the basket's second), `ee_states`
+    (position, axis-angle) and `gripper_states`. Measured over the suite's scenes: the items stand upright on
+    the floor (z = 0), axis-aligned, their origin at their centre, 1.7-14.6 cm tall (butter to ketchup), and
+    the narrow side of each is across its own local x axis in the world's xy plane; the basket is 14 cm deep.
+    """
+
+    obs_keys = ("object", "ee_states", "gripper_states")
+    grasp_symmetry = np.pi        # the fingers close across the item's narrow side, either way round
+    hover_heights = (0.16, 0.20)  # above the neighbours (up to 14.6 cm) before going straight down
+    carry_height = 0.2            # the item's bottom 20 cm up: over the basket's 14 cm rim
+    hold_upright = True           # a tilted hand swings a tall bottle into the basket's rim
+    top_grip = 0.035              # tall items are held this far below their top, short ones at their centre
+    release_clearance = 0.05      # the item's bottom above the basket's floor when it is let go
+
+    def _observe(self, obs: dict) -> tuple[np.ndarray, ...]:
+        """As PickPlaceExpert's, from LIBERO's keys; also aims the release at this step's basket: the hand
+        held as high over the basket's bottom as it held the item over the floor, plus release_clearance."""
+        objects = _np(obs["object"])
+        basket = objects[:, OBJECT_FEATURES:OBJECT_FEATURES + 3]
+        self.place_target = basket.copy()
+        self.place_target[:, 2] += self.grasp_pos[:, 2] + self.release_clearance
+        eef = _np(obs["ee_states"])
+        return objects[:, :3], objects[:, 3:7], eef[:, :3], _quat_from_axis_angle(eef[:, 3:6]), _np(obs["gripper_states"])
+
+    def _grasp_point(self, obj_pos: np.ndarray, obj_quat: np.ndarray) -> np.ndarray:
+        """The item's centre, raised for tall items to top_grip below their top (an item on the floor is twice
+        as tall as its centre is high)."""
+        grasp = obj_pos.copy()
+        grasp[:, 2] = np.maximum(obj_pos[:, 2], 2 * obj_pos[:, 2] - self.top_grip)
+        return grasp
+
+
+EXPERTS = {"lift": LiftExpert, "can": CanExpert, "square": SquareExpert, "libero_object": LiberoObjectExpert}
 
 
 def make_expert(task_cfg, num_envs: int, noise: float = 0.0, seed: int = 0):

@@ -24,6 +24,10 @@ class SimEnv:
         truncated = self._t >= self.spec.horizon and not terminated
         return self._obs(raw), float(reward), terminated, truncated, success
 
+    def model_xml(self) -> str:
+        """The compiled scene as MJCF (robomimic's and LIBERO's `model_file` attribute)."""
+        return self.env.sim.model.get_xml()
+
     def sim_state(self) -> np.ndarray:
         """Flattened MuJoCo state (robomimic's `states`)."""
         return self.env.sim.get_state().flatten()

@@ -21,6 +21,12 @@ from robo_rl.utils.rendering import configure_mujoco
 # fall, with the arm still and the gripper open; the step limit (task.horizon) counts only the steps after.
 SETTLE_STEPS = 10
 NOOP_ACTION = np.array([0.0] * 6 + [-1.0])  # OSC_POSE: no translation or rotation, gripper open (-1)
+# `object`, the state observation's object poses (env=state): the task's objects of interest (its BDDL
+# `:obj_of_interest`, in that order; LIBERO-Object: the item, then the basket), each as robomimic's `object`
+# key holds one: position [3], quaternion xyzw [4], position relative to the hand [3]. Zero-padded to the most
+# objects any LIBERO task names (4, LIBERO-10), so that every task of a suite has one observation shape.
+OBJECT_SLOTS = 4
+OBJECT_FEATURES = 10
 
 
 def load_suite(name: str):
@@ -50,6 +56,17 @@ def task_of_instruction(instructions: list[str], instruction: str | None) -> int
     if instruction is None or instruction.strip().lower() not in normalized:
         return None
     return normalized.index(instruction.strip().lower())
+
+
+def _pose_xyzw(env, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """World position [3] and quaternion xyzw [4] of a LIBERO object or fixture (a body) or region (a site)."""
+    data = env.sim.data
+    if name in env.obj_body_id:
+        body = env.obj_body_id[name]
+        return data.body_xpos[body], data.body_xquat[body][[1, 2, 3, 0]]  # MuJoCo keeps wxyz
+    from robosuite.utils.transform_utils import mat2quat
+
+    return data.get_site_xpos(name), mat2quat(data.get_site_xmat(name))
 
 
 def _quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
@@ -104,11 +121,26 @@ class LiberoEnv(SimEnv):
             "ee_ori": ee_ori,
             "ee_states": np.concatenate([eef_pos, ee_ori]),
         }
+        if "object" in self.spec.low_dim_keys:
+            derived["object"] = self._objects_of_interest(eef_pos)
         obs = {k: np.asarray(derived[k] if k in derived else raw[k], dtype=np.float32) for k in self.spec.low_dim_keys}
         for key in self.spec.rgb_keys:
             obs[key] = to_channels_first(raw[f"{camera_of(key)}_image"])
         obs[TASK_KEY] = np.int64(self.task_id)
         return obs
+
+    def _objects_of_interest(self, eef_pos: np.ndarray) -> np.ndarray:
+        """The `object` observation [OBJECT_SLOTS * OBJECT_FEATURES] (see OBJECT_SLOTS)."""
+        env = self._robosuite_env
+        names = env.obj_of_interest
+        if len(names) > OBJECT_SLOTS:
+            raise ValueError(f"LIBERO task {self.task_id} of {self.spec.env_name} names {len(names)} objects of "
+                             f"interest ({names}); the `object` observation holds {OBJECT_SLOTS}: raise OBJECT_SLOTS")
+        features = np.zeros((OBJECT_SLOTS, OBJECT_FEATURES), dtype=np.float32)
+        for slot, name in enumerate(names):
+            pos, quat = _pose_xyzw(env, name)
+            features[slot] = np.concatenate([pos, quat, pos - eef_pos])
+        return features.reshape(-1)
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> dict[str, np.ndarray]:
         options = options or {}

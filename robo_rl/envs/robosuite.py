@@ -105,7 +105,3 @@ class RobosuiteEnv(SimEnv):
 
     def _success(self) -> bool:
         return bool(self.env._check_success())
-
-    def model_xml(self) -> str:
-        """The compiled scene as MJCF (robomimic's `model_file` attribute)."""
-        return self.env.sim.model.get_xml()

@@ -2,6 +2,7 @@
 scripted demos (collected once, cached as robomimic HDF5), else none (online from scratch)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -10,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.core import ACTION_DIM
 from robo_rl.data.hdf5 import DatasetError, Episode, dataset_files, read_env_args, read_hdf5, write_robomimic
-from robo_rl.demos.collect import collect_demos
+from robo_rl.demos.collect import collect_demos, collect_libero_demos
 from robo_rl.envs.libero import task_instructions, task_of_instruction
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.utils.schema import ConfigError
@@ -55,18 +56,31 @@ def check_pace(episodes: list[Episode], horizon: int, source) -> None:
 
 
 def scripted_demos(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
-    """The task's scripted demos, from the cache or collected now (and cached as robomimic HDF5)."""
+    """The task's scripted demos, from the cache or collected now and cached: robomimic HDF5, or for a LIBERO
+    suite a folder of LIBERO files, `budget.num_demos` demos of each task in one file per task (as the
+    official datasets come)."""
     n = cfg.budget.num_demos
     modality = f"{cfg.env.modality}{spec.image_size if spec.rgb_keys else ''}"
+    # Within the task's own step limit, not a budget's shorter one (budget=smoke: 50 steps; the LIBERO-Object
+    # expert takes ~110): the cache is shared by every budget.
+    spec = dataclasses.replace(spec, horizon=_task_horizon(cfg.task.name))
     path = Path(cfg.demo_cache) / f"{cfg.task.name}_{modality}_{n}demos_seed{cfg.seed}.hdf5"
+    keys = list(spec.low_dim_keys + spec.rgb_keys)
+    if spec.suite == "libero":
+        folder = path.with_suffix("")
+        print(f"[data] {n} scripted demos of each {cfg.task.name} task (collected if missing) in {folder}")
+        files = collect_libero_demos(spec, cfg.task.expert, n, folder, noise=0.1, seed=cfg.seed,
+                                     num_envs=cfg.env.num_envs)
+        return [e for task_id, file in zip(spec.task_ids, files)
+                for e in read_hdf5(file, obs_keys=keys, action_dim=ACTION_DIM, task_id=task_id,
+                                   normalized_actions=True).episodes]
     if not path.exists():
         print(f"[data] collecting {n} scripted {cfg.task.name} demos -> {path}")
         episodes, rate, env_args = collect_demos(spec, cfg.task.expert, n, noise=0.1, seed=cfg.seed,
                                                  num_envs=cfg.env.num_envs)
         print(f"[data] scripted expert success rate {rate:.2f}")
         write_robomimic(path, episodes, env_args, attrs={"expert_success_rate": rate})
-    return read_hdf5(path, obs_keys=list(spec.low_dim_keys + spec.rgb_keys), action_dim=ACTION_DIM,
-                     normalized_actions=True).episodes
+    return read_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM, normalized_actions=True).episodes
 
 
 def check_dataset(dataset: str | Path, task) -> list[Path]:
@@ -100,6 +114,12 @@ def _task_for(env_name: str | None) -> str:
         if OmegaConf.load(path).get("env_name") == env_name:
             return f"task={path.stem}"
     return f"the task whose env_name is {env_name}"
+
+
+def _task_horizon(name: str) -> int:
+    """The step limit conf/task/<name>.yaml sets (LIBERO's configs nest it under `task`)."""
+    conf = OmegaConf.load(TASK_CONF / f"{name}.yaml")
+    return int(conf.task.horizon if "task" in conf else conf.horizon)
 
 
 def _task_of(instruction: str | None, instructions: list[str] | None, path: Path) -> int:
