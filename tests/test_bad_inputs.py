@@ -135,7 +135,7 @@ def test_actions_within_tolerance_are_clipped_onto_the_bounds(tmp_path):
     # float round-off just past +-1 is not an error: robosuite clips to [-1, 1] before acting
     path = write_lift(tmp_path / "data.hdf5", set_values("actions", 1.0005, {"demo_0": 0}))
     cfg = compose_config("config", ["task=lift", f"dataset={path}"])
-    episodes = offline_episodes(cfg, env_spec(cfg))
+    episodes = list(offline_episodes(cfg, env_spec(cfg)).episodes)
     assert len(episodes) == NUM_DEMOS and (episodes[0].actions[0] == 1.0).all()
     assert max(np.abs(e.actions).max() for e in episodes) <= 1.0
 

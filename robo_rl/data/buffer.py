@@ -20,7 +20,7 @@ import json
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -187,18 +187,30 @@ class ReplayBuffer:
         return self._num_online
 
     # -- adding data --------------------------------------------------------------------------
-    def add_offline(self, episodes: Sequence[Episode]) -> None:
-        """Append episodes (obs [T+1, ...], actions [T, A]) to the offline part."""
-        for e in episodes:
-            self._check_episode(e)
+    def add_offline(self, episodes: Iterable[Episode], lengths: Sequence[int] | None = None) -> None:
+        """Append episodes (obs [T+1, ...], actions [T, A]) to the offline part.
+
+        lengths: each episode's T, in order, when known before the episodes are (e.g. from the files'
+        shapes): `episodes` may then be a one-pass iterator that reads them one at a time, and each is
+        copied into storage allocated once, so a dataset never sits in memory beside its copy here.
+        The buffer changes only once every episode is in; a bad episode leaves it as it was.
+        """
+        if lengths is None:
+            episodes = list(episodes)
+            lengths = [e.num_steps for e in episodes]
         old, n_old = self._offline, len(self._offline)
-        new = _Slots(n_old + sum(e.num_steps + 1 for e in episodes), self.obs_shapes, self.obs_dtypes,
-                     self.action_dim)
+        new = _Slots(n_old + sum(T + 1 for T in lengths), self.obs_shapes, self.obs_dtypes, self.action_dim)
         for name, array in new.arrays().items():
             array[:n_old] = old.arrays()[name]
-        start = n_old
+        start, added = n_old, 0
         for e in episodes:
+            self._check_episode(e)
             T = e.num_steps
+            if added == len(lengths) or T != lengths[added]:
+                expected = "no more episodes" if added == len(lengths) else f"{lengths[added]} steps"
+                raise ValueError(f"episode {added} ({e.name}) has {T} steps, but lengths announced {expected}; "
+                                 "pass the T of every episode, in order")
+            added += 1
             for k in self.obs_shapes:
                 new.obs[k][start : start + T + 1] = self._episode_obs(e, k)
             steps = slice(start, start + T)
@@ -207,8 +219,11 @@ class ReplayBuffer:
             new.terminal[steps] = e.terminals
             new.valid[steps] = True
             start += T + 1
+        if added != len(lengths):
+            raise ValueError(f"lengths announced {len(lengths)} episodes but {added} came; pass the T of every "
+                             "episode, in order")
         self._offline = new
-        self._num_offline += sum(e.num_steps for e in episodes)
+        self._num_offline += sum(lengths)
         self._offline_starts.clear()
 
     def add(self, obs, action, reward, terminated, truncated, next_obs, lost=None) -> None:

@@ -19,12 +19,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
 import numpy as np
+import torch
+import torch.nn.functional as F
+from einops import rearrange
 
 from robo_rl.core import TASK_KEY, is_image_key
 
@@ -37,6 +40,10 @@ _KNOWN_DATA_ATTRS = ("total", "env_args")
 # executes.
 ACTION_TOLERANCE = 1e-3
 _DEMO_NAME = re.compile(r"demo_(\d+)$")
+# Images are read, flipped and resized this many frames at a time. Whole-demo temporaries (15 MB per
+# 128 px camera, 60 MB as float) land in the heap once glibc's adaptive mmap threshold has risen and
+# fragment it: loading 100 LIBERO demos then took 3x the memory it keeps. Chunks this small are reused.
+_FRAMES_PER_READ = 32
 
 
 @dataclass
@@ -109,6 +116,7 @@ def read_hdf5(
     action_dim: int | None = None,
     task_id: int = 0,
     normalized_actions: bool = False,
+    image_size: int | None = None,
 ) -> Dataset:
     """Read a robomimic- or LIBERO-format file (detected from its attrs) into `Episode`s.
 
@@ -118,30 +126,67 @@ def read_hdf5(
     task_id:    task index for demos whose group carries no `task_id` attr (LIBERO: one file per task).
     normalized_actions: actions must lie in [-1, 1] (what robo_rl learns from and robosuite's controllers
                 take); within ACTION_TOLERANCE outside they are clipped onto it.
+    image_size: if given, images are resized to image_size x image_size as each demo is read, so a file
+                is never held at its stored resolution (LIBERO's 500 128-px demos are 14.7 GB).
     NaN/Inf in actions, rewards or low-dim observations is an error.
     """
     path = os.fspath(path)
     with _open(path) as f:
         fmt, env_args, attrs = _header(f, path)
-        data = f["data"]
-        demos = _demo_names(f, path, filter_key)
-        if not demos:
-            raise DatasetError(f"{_where(path)}: no demos to read")
-        first = data[demos[0]]
-        if obs_keys is None:
-            if "obs" not in first:
-                raise DatasetError(f"{_where(path, demos[0], 'obs')}: missing group `obs`")
-            obs_keys = list(first["obs"].keys())
-        instruction = json.loads(attrs["problem_info"]).get("language_instruction") if fmt == "libero" else None
-        # LIBERO records the image convention it rendered with; its released files are all "opengl".
-        flip = fmt == "libero" and attrs.get("macros_image_convention", "opengl") == "opengl"
-        episodes = [
-            _read_episode(data[d], path, d, obs_keys, action_dim, task_id, instruction, flip) for d in demos
-        ]
-    _check_finite(path, episodes)
-    if normalized_actions:
-        _check_normalized_actions(path, episodes)
+        episodes = list(_read_demos(f, path, fmt, attrs, obs_keys, filter_key, action_dim, task_id,
+                                    normalized_actions, image_size))
     return Dataset(path=path, episodes=episodes, env_args=env_args, format=fmt, attrs=attrs)
+
+
+def iter_hdf5(
+    path: str | os.PathLike,
+    obs_keys: Sequence[str] | None = None,
+    filter_key: str | None = None,
+    action_dim: int | None = None,
+    task_id: int = 0,
+    normalized_actions: bool = False,
+    image_size: int | None = None,
+) -> Iterator[Episode]:
+    """The episodes of `read_hdf5` one at a time (the file stays open meanwhile), for files too large to
+    hold whole: everything but the images is read and checked before the first episode comes (so a bad
+    file fails before any of it is used, and one error lists every bad demo); a demo's images are read,
+    and resized, when it is next. Arguments as for read_hdf5."""
+    path = os.fspath(path)
+    with _open(path) as f:
+        fmt, _, attrs = _header(f, path)
+        yield from _read_demos(f, path, fmt, attrs, obs_keys, filter_key, action_dim, task_id,
+                               normalized_actions, image_size)
+
+
+def _read_demos(f: h5py.File, path: str, fmt: str, attrs: dict, obs_keys: Sequence[str] | None,
+                filter_key: str | None, action_dim: int | None, task_id: int, normalized_actions: bool,
+                image_size: int | None) -> Iterator[Episode]:
+    """The demos of an open file one at a time: all but their images read and checked first."""
+    data = f["data"]
+    demos = _demo_names(f, path, filter_key)
+    if not demos:
+        raise DatasetError(f"{_where(path)}: no demos to read")
+    first = data[demos[0]]
+    if obs_keys is None:
+        if "obs" not in first:
+            raise DatasetError(f"{_where(path, demos[0], 'obs')}: missing group `obs`")
+        obs_keys = list(first["obs"].keys())
+    instruction = json.loads(attrs["problem_info"]).get("language_instruction") if fmt == "libero" else None
+    # LIBERO records the image convention it rendered with; its released files are all "opengl".
+    flip = fmt == "libero" and attrs.get("macros_image_convention", "opengl") == "opengl"
+    image_keys = [k for k in obs_keys if is_image_key(k)]
+    low_dim = [_read_episode(data[d], path, d, [k for k in obs_keys if k not in image_keys], action_dim, task_id,
+                             instruction, flip, image_size) for d in demos]
+    _check_finite(path, low_dim)
+    if normalized_actions:
+        _check_normalized_actions(path, low_dim)
+    low_dim.reverse()
+    for d in demos:  # popped, so that an episode handed out is referenced by its consumer alone
+        episode = low_dim.pop()
+        if image_keys:
+            images = _read_episode(data[d], path, d, image_keys, action_dim, task_id, instruction, flip, image_size)
+            episode.obs = {k: (images.obs if k in image_keys else episode.obs)[k] for k in obs_keys}
+        yield episode
 
 
 def dataset_files(dataset: str | os.PathLike) -> list[Path]:
@@ -157,6 +202,20 @@ def dataset_files(dataset: str | os.PathLike) -> list[Path]:
         raise DatasetError(f"{path}: no such file or folder; expected a robomimic/LIBERO HDF5 file or a folder "
                            "of them; see datasets/registry.yaml for where to get them")
     return [path]
+
+
+def demo_lengths(path: str | os.PathLike) -> list[int]:
+    """Steps T of each demo of a dataset file, in the order read_hdf5 reads them, from the shape of its
+    `actions` alone (no data is read): storage for a whole dataset can be allocated before reading it."""
+    path = os.fspath(path)
+    with _open(path) as f:
+        _header(f, path)
+        lengths = []
+        for demo in _demo_names(f, path, None):
+            if "actions" not in f["data"][demo]:
+                raise DatasetError(f"{_where(path, demo, 'actions')}: missing; every demo needs actions")
+            lengths.append(len(f["data"][demo]["actions"]))
+    return lengths
 
 
 def read_env_args(path: str | os.PathLike) -> tuple[str, dict]:
@@ -246,7 +305,7 @@ def _demo_names(f: h5py.File, path: str, filter_key: str | None) -> list[str]:
 
 
 def _read_episode(group: h5py.Group, path: str, demo: str, obs_keys: Sequence[str], action_dim: int | None,
-                  task_id: int, instruction: str | None, flip_images: bool) -> Episode:
+                  task_id: int, instruction: str | None, flip_images: bool, image_size: int | None) -> Episode:
     key = "actions"  # the item being read, for error messages
     try:
         for required in ("actions", "rewards", "dones", "obs"):
@@ -285,7 +344,9 @@ def _read_episode(group: h5py.Group, path: str, demo: str, obs_keys: Sequence[st
                 raise DatasetError(f"{_where(path, demo, key)}: missing; this demo has obs keys "
                                    f"{sorted(group['obs'].keys())}. Drop `{k}` from the config's obs keys "
                                    "or use a dataset that records it")
-            seq = column(key)
+            stored = group[key]
+            if len(stored) != T:
+                raise DatasetError(f"{_where(path, demo, key)}: {len(stored)} rows but actions has {T}")
             if has_next:
                 key = f"next_obs/{k}"
                 if k not in group["next_obs"]:
@@ -294,8 +355,12 @@ def _read_episode(group: h5py.Group, path: str, demo: str, obs_keys: Sequence[st
                     raise DatasetError(f"{_where(path, demo, key)}: {len(group[key])} rows but actions has {T}")
                 last = group[key][T - 1 : T]  # the only next observation not already in obs
             else:
-                last = seq[-1:]  # LIBERO: repeat the final observation as the final next observation
-            obs[k] = _to_memory(k, np.concatenate([seq, last]), flip_images)
+                last = stored[T - 1 : T]  # LIBERO: repeat the final observation as the final next observation
+            key = f"obs/{k}"
+            if is_image_key(k):
+                obs[k] = _read_images(stored, last, flip_images, image_size)
+            else:
+                obs[k] = _to_memory(k, np.concatenate([stored[()], last]))
     except DatasetError:
         raise
     except (OSError, KeyError, ValueError) as e:
@@ -316,15 +381,42 @@ def _read_episode(group: h5py.Group, path: str, demo: str, obs_keys: Sequence[st
     )
 
 
-def _to_memory(key: str, values: np.ndarray, flip: bool) -> np.ndarray:
-    """File layout -> in-memory layout: images [N, H, W, C] -> upright [N, C, H, W] uint8; low-dim float32."""
-    if is_image_key(key):
-        if flip:
-            values = values[:, ::-1]
-        return np.ascontiguousarray(values.transpose(0, 3, 1, 2)).astype(np.uint8, copy=False)
+def _read_images(frames: h5py.Dataset, last: np.ndarray, flip: bool, image_size: int | None) -> np.ndarray:
+    """Stored frames [T, H, W, C] and the final next observation `last` [1, H, W, C] -> upright
+    [T+1, C, S, S] uint8 (S: image_size, else H = W as stored), read _FRAMES_PER_READ frames at a time."""
+    T, H, W, C = frames.shape
+    size = (image_size, image_size) if image_size else (H, W)
+    images = np.empty((T + 1, C, *size), np.uint8)
+    for start in range(0, T, _FRAMES_PER_READ):
+        stop = min(start + _FRAMES_PER_READ, T)
+        images[start:stop] = _frames_to_memory(frames[start:stop], flip, image_size)
+    images[T:] = _frames_to_memory(last, flip, image_size)
+    return images
+
+
+def _frames_to_memory(frames: np.ndarray, flip: bool, image_size: int | None) -> np.ndarray:
+    """Frames as stored [N, H, W, C] (upside down when `flip`) -> upright [N, C, H, W] uint8, resized to
+    image_size x image_size when given."""
+    if flip:
+        frames = frames[:, ::-1]
+    images = np.ascontiguousarray(rearrange(frames, "n h w c -> n c h w")).astype(np.uint8, copy=False)
+    return images if image_size is None else _resize_images(images, image_size)
+
+
+def _to_memory(key: str, values: np.ndarray) -> np.ndarray:
+    """Low-dim observations as stored -> in memory: float32 (`task_id`: int64)."""
     if key == TASK_KEY:
         return values.astype(np.int64)
     return values.astype(np.float32)
+
+
+def _resize_images(images: np.ndarray, size: int) -> np.ndarray:
+    """[N, C, H, W] uint8 -> [N, C, size, size] uint8 by area averaging (dataset cameras at another
+    resolution than the env's: LIBERO files are 128 px), so demos and env observations share one shape."""
+    if images.shape[-2:] == (size, size):
+        return images
+    resized = F.interpolate(torch.from_numpy(images).float(), size=(size, size), mode="area")
+    return resized.round_().clamp_(0, 255).to(torch.uint8).numpy()
 
 
 # ---------------------------------------------------------------------------------------------

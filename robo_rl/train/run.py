@@ -25,14 +25,13 @@ from omegaconf import DictConfig, OmegaConf
 from robo_rl.checkpoint import build_agent, latest_checkpoint, load_buffer, load_checkpoint, restore_training_state
 from robo_rl.core import ACTION_DIM, TASK_KEY, obs_shapes
 from robo_rl.data.buffer import ReplayBuffer
-from robo_rl.data.hdf5 import Episode
 from robo_rl.data.language import instruction_embeddings
 from robo_rl.envs import EnvSpec, env_spec, make_vec_env
 from robo_rl.envs.libero import task_instructions
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.offline import OfflineTrainer
 from robo_rl.train.online import OnlineTrainer
-from robo_rl.train.sources import offline_episodes
+from robo_rl.train.sources import Demos, offline_episodes
 from robo_rl.train.trainer import Progress, Trainer
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
@@ -53,17 +52,17 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
     spec = env_spec(cfg, render=True)
     state = _checkpoint_to_resume(cfg, run_dir)
     with distributed.main_first():  # rank 0 writes the scripted-demo cache, the others read it
-        episodes = offline_episodes(cfg, spec)
-    if not online and not episodes:
+        demos = offline_episodes(cfg, spec)
+    if not online and not demos:
         raise ValueError(f"offline pretraining on {cfg.task.name} needs demonstrations: pass dataset=PATH")
     env = make_vec_env(cfg) if online else None
     try:
-        first = episodes[0].obs if episodes else env.reset(seed=cfg.seed)
-        shapes = {k: s for k, s in obs_shapes(first).items() if k in spec.low_dim_keys + spec.rgb_keys}
+        first = demos.obs_shapes if demos else obs_shapes(env.reset(seed=cfg.seed))
+        shapes = {k: s for k, s in first.items() if k in spec.low_dim_keys + spec.rgb_keys}
         shapes[TASK_KEY] = ()
         agent = build_agent(cfg.agent, shapes, spec.num_tasks, cfg.device, cfg.compile,
                             instruction_embeddings=_instruction_table(cfg, spec, run_dir))
-        buffer = _build_buffer(cfg, shapes, episodes)
+        buffer = build_buffer(cfg, shapes, demos)
         if buffer.num_offline:
             agent.set_normalization(buffer.obs_stats())
         progress = Progress()
@@ -129,15 +128,16 @@ def _instruction_table(cfg: DictConfig, spec: EnvSpec, run_dir: Path) -> torch.T
     return instruction_embeddings(instructions, run_dir / INSTRUCTION_CACHE)
 
 
-def _build_buffer(cfg: DictConfig, shapes: dict, episodes: list[Episode]) -> ReplayBuffer:
-    """Room for every online step (and two per env), the demonstrations added; pinned host memory on CUDA."""
+def build_buffer(cfg: DictConfig, shapes: dict, demos: Demos) -> ReplayBuffer:
+    """Room for every online step (and two per env), the demonstrations added (read from their files as
+    they go in, when they come from files); pinned host memory on CUDA."""
     pin = "cuda" in str(cfg.device)
     buffer = ReplayBuffer(shapes, None, ACTION_DIM, capacity=max(cfg.budget.online_steps, 2 * cfg.env.num_envs) + 1000,
                           num_envs=cfg.env.num_envs, device=cfg.device if pin else "cpu",
                           offline_ratio=cfg.train.offline_ratio, gamma=cfg.train.gamma,
                           seed=distributed.rank_seed(cfg.seed))
-    if episodes:
-        buffer.add_offline(episodes)
+    if demos:
+        buffer.add_offline(demos.episodes, demos.lengths)
     return buffer
 
 

@@ -3,14 +3,17 @@ scripted demos (collected once, cached as robomimic HDF5), else none (online fro
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from robo_rl.core import ACTION_DIM
-from robo_rl.data.hdf5 import DatasetError, Episode, dataset_files, read_env_args, read_hdf5, write_robomimic
+from robo_rl.core import ACTION_DIM, obs_shapes
+from robo_rl.data.hdf5 import (DatasetError, Episode, dataset_files, demo_lengths, iter_hdf5, read_env_args,
+                               read_hdf5, write_robomimic)
 from robo_rl.demos.collect import collect_demos, collect_libero_demos
 from robo_rl.envs.libero import task_instructions, task_of_instruction
 from robo_rl.envs.spec import EnvSpec
@@ -19,36 +22,70 @@ from robo_rl.utils.schema import ConfigError
 TASK_CONF = Path(__file__).resolve().parents[2] / "conf" / "task"
 
 
-def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
-    """Demonstrations to pretrain on: `dataset=PATH` (file or folder of HDF5 files), else the task's
-    scripted demos (generated on first use, cached under `demo_cache`), else none (online from scratch)."""
-    keys = list(spec.low_dim_keys + spec.rgb_keys)
+@dataclass
+class Demos:
+    """Demonstrations to pretrain on, for `ReplayBuffer.add_offline(demos.episodes, demos.lengths)`.
+
+    From dataset files, `episodes` is a one-pass iterator that reads one demo at a time, its images
+    resized to the env's as they are read; the buffer, told the `lengths` in advance, allocates its
+    storage once and copies each demo in as it comes. So loading holds about one demo beside the
+    buffer, never the dataset twice nor at the files' resolution (LIBERO-10: 14.7 GB of 128 px images;
+    benchmarks/libero_memory.py measures it).
+    """
+
+    episodes: Iterable[Episode]
+    lengths: list[int]  # steps T of each episode, in order
+    obs_shapes: dict[str, tuple[int, ...]]  # key -> per-step shape, images (C, H, W) as stored
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @classmethod
+    def of(cls, episodes: list[Episode]) -> Demos:
+        return cls(episodes, [e.num_steps for e in episodes], obs_shapes(episodes[0].obs) if episodes else {})
+
+
+def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> Demos:
+    """Demonstrations to pretrain on: `dataset=PATH` (file or folder of HDF5 files, read as the buffer
+    takes them in), else the task's scripted demos (generated on first use, cached under `demo_cache`),
+    else none (online from scratch)."""
     if cfg.dataset:
         paths = check_dataset(cfg.dataset, cfg.task)
-        instructions = task_instructions(spec.env_name) if spec.suite == "libero" else None
-        episodes = []
-        for path in paths:
-            data = read_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM, normalized_actions=True)
-            task_id = _task_of(data.episodes[0].instruction, instructions, path)
-            for e in data.episodes:
-                e.task_id = task_id
-            episodes += data.episodes
-        print(f"[data] {len(episodes)} demos ({sum(e.num_steps for e in episodes)} steps) from {cfg.dataset}")
-        check_pace(episodes, cfg.task.horizon, cfg.dataset)
-        return [_resize_images(e, spec) for e in episodes]
+        lengths = [T for path in paths for T in demo_lengths(path)]
+        print(f"[data] {len(lengths)} demos ({sum(lengths)} steps) from {cfg.dataset}")
+        episodes = _read_datasets(paths, spec, cfg.task.horizon)
+        first = next(episodes)  # its shapes build the agent and the buffer before the rest is read
+        return Demos(chain([first], episodes), lengths, obs_shapes(first.obs))
     if cfg.task.get("expert"):
-        return scripted_demos(cfg, spec)
+        return Demos.of(scripted_demos(cfg, spec))
     print(f"[data] no demonstrations for task {cfg.task.name} (pass dataset=PATH to pretrain on a "
           f"Robomimic/LIBERO HDF5 file): starting online from scratch")
-    return []
+    return Demos.of([])
 
 
-def check_pace(episodes: list[Episode], horizon: int, source) -> None:
+def _read_datasets(paths: list[Path], spec: EnvSpec, horizon: int) -> Iterator[Episode]:
+    """The demos of each file, one at a time, images resized to the env's as each is read (LIBERO files
+    hold one task each: its id comes from the file's instruction)."""
+    keys = list(spec.low_dim_keys + spec.rgb_keys)
+    instructions = task_instructions(spec.env_name) if spec.suite == "libero" else None
+    for path in paths:
+        task_id, rewards = None, []
+        for episode in iter_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM, normalized_actions=True,
+                                 image_size=spec.image_size if spec.rgb_keys else None):
+            if task_id is None:
+                task_id = _task_of(episode.instruction, instructions, path)
+            episode.task_id = task_id
+            rewards.append(episode.rewards)
+            yield episode
+        check_pace(rewards, horizon, path)
+
+
+def check_pace(rewards: Iterable[np.ndarray], horizon: int, source) -> None:
     """Warn when demos reach success only after more than `horizon` steps: a policy at their pace cannot
     succeed within an episode (the 3 human Lift demos of robosuite succeed after 380-498 steps; Lift's
     horizon is 200). A warning, not an error: short test horizons (budget=smoke) are deliberate.
-    Demos without any reward are not judged."""
-    steps = [int(e.rewards.nonzero()[0][0]) + 1 for e in episodes if e.rewards.any()]
+    rewards: [T] of each demo; demos without any reward are not judged."""
+    steps = [int(r.nonzero()[0][0]) + 1 for r in rewards if r.any()]
     if slow := [s for s in steps if s > horizon]:
         print(f"[data] warning: {len(slow)} of {len(steps)} demos in {source} reach success after more than "
               f"task.horizon={horizon} steps (up to {max(steps)}): episodes end before a policy at their pace "
@@ -132,13 +169,3 @@ def _task_of(instruction: str | None, instructions: list[str] | None, path: Path
                           f"pass the dataset files of the suite you train on")
     return task_id
 
-
-def _resize_images(episode: Episode, spec: EnvSpec) -> Episode:
-    """Dataset cameras at another resolution than the env's (LIBERO files are 128 px) are resized
-    (area averaging) so that demos and env observations share one shape."""
-    for key in spec.rgb_keys:
-        images = episode.obs[key]  # [T+1, C, H, W] uint8
-        if images.shape[-2:] != (spec.image_size, spec.image_size):
-            resized = F.interpolate(torch.from_numpy(images).float(), size=(spec.image_size,) * 2, mode="area")
-            episode.obs[key] = resized.round().clamp(0, 255).to(torch.uint8).numpy()
-    return episode
