@@ -11,15 +11,39 @@ robo_rl's own nets at paper size with random weights (latency does not depend on
   search_ms_d4     the same at D = 4
   policy_only_ms   one policy sample per env: the cost of acting without search
   loop_ms          plan_reference (a Python loop over envs, candidates and nodes) at the defaults, fp32
+  loop_ms_default  the same loop in the precision search_ms ran in (= loop_ms when that is fp32)
   search_ms_fp32   the defaults in fp32
   speedup_vs_loop  loop_ms / search_ms_fp32: batching alone, both in fp32
-  speedup_vs_loop_default  loop_ms / search_ms
+  speedup_vs_loop_default  loop_ms_default / search_ms: batching alone, both in the default precision
   search_ms_k1     extra: the defaults with a one-step sampler (a shortcut policy can sample in one
                    step), i.e. one 4x512 MLP call per sample
   search_ms_10head extra: the defaults with the agent's default 10-head critic
 
+Profile (2026-12-03; torch.profiler and CPU-time micro-benchmarks, 1 thread, 2 cores at load 4-16):
+  fp32 is bound by GEMM arithmetic. One decision is 33.9 GFLOP: 3200 flow samples x 4 Euler steps
+  of the 4x512 velocity MLP (22.0), 3200 two-head Q values (11.0), the world model (0.8). A lone
+  1024x512x512 fp32 mm runs at 172 GFLOP/s here, so ~200 ms of CPU is the floor, and the loop
+  took 4.9-5.4 s of CPU: speedup_vs_loop cannot reach 30 here without less arithmetic (another
+  search) or a slower loop. bf16 (AMX) runs that layer's addmm in 0.49 ms instead of 3.3, and element-wise
+  passes take most of the rest: GELU 27%, LayerNorm 17%, addmm's bias copy 15%, the big GEMMs 19%
+  of the profiled search. Removed: (1) the stacked critic ensemble cost 2-3x its FLOPs at 1024 rows
+  ([2, 1024, 512] activations outgrow L2; baddbmm's bias copy, a separate affine pass, bf16 casts),
+  so large no-grad batches now run one member at a time (robo_rl/nets/mlp.py; search CPU ms, runs
+  interleaved in one process: bf16 140 -> 110, fp32 348 -> 311, 10-head critic bf16 518 -> 245);
+  (2) r̂ and the continuation ran on all K*J nodes of a depth though only the J kept ones go on
+  (robo_rl/planning/qwm.py; 1024 -> 128 rows per depth); (3) this benchmark ran under
+  inference_mode, where autocast cannot cache weight casts (bf16 search 147 vs 138 CPU ms).
+  Tried and not kept: projecting z once per sample instead of at every Euler step (the first layer
+  is ~5% of the velocity MLP's FLOPs; the extra [B, 512] add cost what the smaller GEMM saved).
+
+Everything runs under torch.no_grad(), as the actor calls the planner (robo_rl/planning/actor.py):
+under inference_mode bf16 autocast cannot cache its weight casts and recasts every weight per call.
 Each latency is the best of --rounds rounds (other processes only ever slow a round down; the loop
-gets one round, it takes minutes); the median is reported beside it, with the load average seen.
+gets one round, it takes minutes); the median is reported beside it, with the load average seen,
+and the best round's CPU time of this process (`cpu_ms`, `speedup_vs_loop_cpu`,
+`speedup_vs_loop_default_cpu`): one thread's CPU time does not count the time other processes hold
+the core, so on the shared 2 cores (load 4-13 on 2026-12-03, where wall times of the single-round
+loop varied 3x between runs of the same code) it is the steadier ratio.
 --threads defaults to 1: with other processes on the 2 cores, 2 intra-op threads ran 3-8x slower
 than 1 here (they wait on each other). Anchor on this machine: TD-MPC2's MPPI planner takes
 600-700 ms for ONE env's decision.
@@ -46,16 +70,18 @@ from robo_rl.planning.qwm import QWMConfig, QWMPlanner, native_bf16, plan_refere
 LATENT, ACTION, HIDDEN = 128, 7, 512
 
 
-def latency_ms(fn: Callable[[], object], rounds: int, repeats: int) -> tuple[float, float]:
-    """(best, median) over rounds of the mean wall time of `repeats` calls, after one warm-up call."""
+def latency_ms(fn: Callable[[], object], rounds: int, repeats: int) -> tuple[float, float, float]:
+    """(best, median, best CPU) over rounds of the mean time of `repeats` calls, after one warm-up call:
+    wall time, and this process's CPU time, which other processes on the cores do not inflate."""
     fn()
-    times = []
+    times, cpu_times = [], []
     for _ in range(rounds):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for _ in range(repeats):
             fn()
         times.append((time.perf_counter() - start) / repeats * 1e3)
-    return min(times), statistics.median(times)
+        cpu_times.append((time.process_time() - cpu_start) / repeats * 1e3)
+    return min(times), statistics.median(times), min(cpu_times)
 
 
 def main() -> None:
@@ -85,35 +111,38 @@ def main() -> None:
     def search(cfg: QWMConfig, policy_fn=pi, q_fn=q) -> Callable[[], object]:
         return lambda: QWMPlanner(cfg).plan(z, policy_fn, q_fn, model.next, reward=model.reward)
 
+    def loop() -> object:
+        return plan_reference(defaults, z, pi, q, model.next, reward=model.reward)
+
+    bf16 = native_bf16(z.device)  # what precision "auto" runs
     load_before = os.getloadavg()[0]
-    results = {}
-    with torch.inference_mode():
-        results["search_ms"], search_median = latency_ms(search(defaults), args.rounds, 3)
-        results["search_ms_d4"], d4_median = latency_ms(search(deep), args.rounds, 2)
-        results["policy_only_ms"], policy_median = latency_ms(lambda: pi(z), args.rounds, 20)
-        results["loop_ms"], loop_median = latency_ms(
-            lambda: plan_reference(defaults, z, pi, q, model.next, reward=model.reward), 1, 1
-        )
-        results["search_ms_fp32"], fp32_median = latency_ms(
-            search(dataclasses.replace(defaults, precision="fp32")), args.rounds, 3
-        )
-        results["search_ms_k1"], k1_median = latency_ms(search(defaults, policy_fn=pi_k(1)), args.rounds, 3)
-        results["search_ms_10head"], ten_median = latency_ms(
-            search(defaults, q_fn=critic(ten_heads)), args.rounds, 3
-        )
+    timed = {}
+    with torch.no_grad():
+        timed["search_ms"] = latency_ms(search(defaults), args.rounds, 3)
+        timed["search_ms_d4"] = latency_ms(search(deep), args.rounds, 2)
+        timed["policy_only_ms"] = latency_ms(lambda: pi(z), args.rounds, 20)
+        timed["loop_ms"] = latency_ms(loop, 1, 1)
+        with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=bf16):
+            timed["loop_ms_default"] = latency_ms(loop, 1, 1) if bf16 else timed["loop_ms"]
+        timed["search_ms_fp32"] = latency_ms(search(dataclasses.replace(defaults, precision="fp32")), args.rounds, 3)
+        timed["search_ms_k1"] = latency_ms(search(defaults, policy_fn=pi_k(1)), args.rounds, 3)
+        timed["search_ms_10head"] = latency_ms(search(defaults, q_fn=critic(ten_heads)), args.rounds, 3)
+    results = {name: best for name, (best, _, _) in timed.items()}
+    medians = {name: median for name, (_, median, _) in timed.items()}
+    cpu = {name: cpu_best for name, (_, _, cpu_best) in timed.items()}
     results["speedup_vs_loop"] = results["loop_ms"] / results["search_ms_fp32"]
-    results["speedup_vs_loop_default"] = results["loop_ms"] / results["search_ms"]
-    medians = {"search_ms": search_median, "search_ms_d4": d4_median, "policy_only_ms": policy_median,
-               "loop_ms": loop_median, "search_ms_fp32": fp32_median, "search_ms_k1": k1_median,
-               "search_ms_10head": ten_median}
+    results["speedup_vs_loop_default"] = results["loop_ms_default"] / results["search_ms"]
+    results["speedup_vs_loop_cpu"] = cpu["loop_ms"] / cpu["search_ms_fp32"]
+    results["speedup_vs_loop_default_cpu"] = cpu["loop_ms_default"] / cpu["search_ms"]
     nodes = {name: cfg.num_actions * (1 + cfg.depth * cfg.beam * cfg.num_samples + cfg.beam * cfg.leaf_actions)
              for name, cfg in (("defaults", defaults), ("d4", deep))}
     results.update(
         envs=args.envs,
         medians_ms=medians,
+        cpu_ms=cpu,
         policy_samples_per_env=nodes,
         config=dataclasses.asdict(defaults),
-        precision="bf16" if native_bf16(z.device) else "fp32",
+        precision="bf16" if bf16 else "fp32",
         threads=torch.get_num_threads(),
         load_average=[load_before, os.getloadavg()[0]],
         anchor_tdmpc2_mppi_ms_one_env=(600, 700),
@@ -121,20 +150,23 @@ def main() -> None:
 
     print(f"QWM search, {args.envs} envs, {torch.get_num_threads()} threads, defaults in {results['precision']}, "
           f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
-    print(f"{'measure':<18}{'best ms':>10}{'median ms':>11}   note")
+    print(f"{'measure':<18}{'best ms':>10}{'median ms':>11}{'CPU ms':>10}   note")
     notes = {
         "search_ms": f"D=2, {nodes['defaults']} policy samples + Q per env (target <= 100)",
         "search_ms_d4": f"D=4, {nodes['d4']} per env",
         "policy_only_ms": "one flow sample per env, no search",
         "loop_ms": "plan_reference, per-node Python loop",
+        "loop_ms_default": f"the loop in {'bf16' if bf16 else 'fp32'}",
         "search_ms_fp32": "defaults in fp32",
         "search_ms_k1": "defaults, one-step policy sampler",
         "search_ms_10head": "defaults, 10-head critic",
     }
     for key, note in notes.items():
-        print(f"{key:<18}{results[key]:>10.1f}{medians[key]:>11.1f}   {note}")
-    print(f"{'speedup_vs_loop':<18}{results['speedup_vs_loop']:>10.1f}{'':>11}   fp32 vs fp32 (target >= 30)")
-    print(f"{'  with defaults':<18}{results['speedup_vs_loop_default']:>10.1f}{'':>11}   {results['precision']} search vs fp32 loop")
+        print(f"{key:<18}{results[key]:>10.1f}{medians[key]:>11.1f}{cpu[key]:>10.1f}   {note}")
+    print(f"{'speedup_vs_loop':<18}{results['speedup_vs_loop']:>10.1f}{'':>11}"
+          f"{results['speedup_vs_loop_cpu']:>10.1f}   fp32 vs fp32 (target >= 30)")
+    print(f"{'  with defaults':<18}{results['speedup_vs_loop_default']:>10.1f}{'':>11}"
+          f"{results['speedup_vs_loop_default_cpu']:>10.1f}   {results['precision']} search vs loop")
     print("anchor: TD-MPC2 MPPI, one env, this machine: 600-700 ms")
     if args.json:
         with open(args.json, "w") as f:

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from robo_rl.nets import mlp as mlp_module
 from robo_rl.nets.encoders import EncoderConfig, ObsEncoder, random_shift
 from robo_rl.nets.mlp import EnsembleMLP, SimNorm, ema_update_
 
@@ -24,7 +25,15 @@ def per_head_forward(net: EnsembleMLP, x: torch.Tensor, head: int) -> torch.Tens
     return F.linear(x, last.weight[head].T, last.bias[head, 0])
 
 
-def test_ensemble_forward_equals_per_head_loop():
+@pytest.mark.parametrize("one_member_at_a_time", [False, True])
+def test_ensemble_forward_equals_per_head_loop(one_member_at_a_time, monkeypatch):
+    if one_member_at_a_time:  # large batches without autograd: a zero limit sends these ones there
+        monkeypatch.setattr(mlp_module, "_STACKED_CACHE_LIMIT", 0)
+
+        def stacked_layer_called(*args, **kwargs):
+            raise AssertionError("the stacked EnsembleLinear ran; expected EnsembleMLP._forward_members")
+
+        monkeypatch.setattr(mlp_module.EnsembleLinear, "forward", stacked_layer_called)
     torch.manual_seed(0)
     net = EnsembleMLP(4, 5, (16, 16), 3)
     for p in net.parameters():  # non-trivial LayerNorm affines too
@@ -33,10 +42,12 @@ def test_ensemble_forward_equals_per_head_loop():
     per_member = torch.randn(4, 7, 5)
     expected_shared = torch.stack([per_head_forward(net, shared, e) for e in range(4)])
     expected_member = torch.stack([per_head_forward(net, per_member[e], e) for e in range(4)])
-    torch.testing.assert_close(net(shared), expected_shared)
-    torch.testing.assert_close(net(per_member), expected_member)
     heads = torch.tensor([3, 1])
-    torch.testing.assert_close(net(shared, heads), expected_shared[heads])
+    with torch.set_grad_enabled(not one_member_at_a_time):
+        torch.testing.assert_close(net(shared), expected_shared)
+        torch.testing.assert_close(net(per_member), expected_member)
+        torch.testing.assert_close(net(shared, heads), expected_shared[heads])
+        torch.testing.assert_close(net(per_member[heads], heads), expected_member[heads])
 
 
 def test_ensemble_detach_params_passes_gradient_to_inputs_only():

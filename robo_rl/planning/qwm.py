@@ -181,9 +181,12 @@ class QWMPlanner:
             returns = path + gamma**d * alive * _value(q, nodes, probe).view(M, -1)  # [M, C]: d-step returns
             keep = returns.topk(cfg.beam, dim=1).indices  # [M, J]
             if d < cfg.depth:
-                r, cont = (x.view(M, -1) for x in _reward_and_continuation(reward, terminal, nodes, probe))
                 z, a = _take(z, keep), _take(probe.view(M, -1, probe.shape[-1]), keep)
-                path, alive = _take(path + gamma**d * alive * r, keep), _take(alive * cont, keep)
+                path, alive = _take(path, keep), _take(alive, keep)
+                # r̂ and the continuation only of the kept nodes (J of every K·P): no other path goes on
+                r, cont = (x.view(M, -1) for x in _reward_and_continuation(reward, terminal, z.flatten(0, 1),
+                                                                            a.flatten(0, 1)))
+                path, alive = path + gamma**d * alive * r, alive * cont
             else:
                 L = cfg.leaf_actions
                 leaves = repeat(_take(z, keep), "m j z -> (m j l) z", l=L)
