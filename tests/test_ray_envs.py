@@ -25,6 +25,7 @@ def rollout(env, actions: np.ndarray, seed: int) -> list:
     return out
 
 
+@pytest.mark.slow  # ~45 s here: a Ray cluster, 2 runners and 3 subprocess workers start
 def test_ray_runners_give_the_subprocess_backends_transitions(lift_spec):
     # horizon 6: every env auto-resets twice in 14 steps, so the per-env seed streams are compared too
     spec = dataclasses.replace(lift_spec, horizon=6)
