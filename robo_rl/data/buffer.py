@@ -531,13 +531,16 @@ class ReplayBuffer:
             buffer._finished = [tuple(int(x) for x in row) for row in f["heads/finished"][()]]
             n_offline = len(f["offline/valid"])
             buffer._offline = _Slots(n_offline, buffer.obs_shapes, buffer.obs_dtypes, buffer.action_dim)
+            # read_direct: straight into the buffer's arrays, never a second copy of the data in memory
             for name, array in buffer._offline.arrays().items():
-                array[...] = f[f"offline/{name}"][()]
+                if n_offline:
+                    f[f"offline/{name}"].read_direct(array)
             buffer._num_offline = int(buffer._offline.valid.sum())
             for name, array in buffer._online.arrays().items():
                 stored = f[f"online/{name}"]
                 streams = array.reshape(buffer.num_envs, buffer.stream_len, *array.shape[1:])
-                streams[:, : stored.shape[1]] = stored[()]
+                if stored.shape[1]:
+                    stored.read_direct(streams, dest_sel=np.s_[:, : stored.shape[1]])
         return buffer
 
 

@@ -70,7 +70,9 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
             restore_training_state(agent, state)
             progress = Progress(state["offline_step"], state["env_steps"])
             if state["phase"] == "online":
-                buffer = load_buffer(run_dir, state, device=buffer.device)
+                device = buffer.device
+                del buffer  # the saved buffer holds the demos too: drop this copy before reading it
+                buffer = load_buffer(run_dir, state, device=device)
                 buffer.end_episodes()  # the envs restart below: nothing may join the interrupted episodes
         if world > 1:  # every rank starts from rank 0's weights and normalisation
             distributed.broadcast_module_(agent)
