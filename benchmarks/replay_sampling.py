@@ -8,11 +8,30 @@ low-dim arrays in memory, images read from the file per item, robomimic's mode f
 through a DataLoader with num_workers=0 (the buffer is single-process too); for the 3-step returns
 it fetches 3-step sequences and sums their discounted rewards per batch.
 
+The ceiling for the image workload: `memcpy_batches_per_s` copies the rows of one sequence batch
+(every obs key, actions, rewards, terminals) as one contiguous run per array from a random offset
+of the same storage, i.e. a gather with the best possible memory access and no index work. Timed
+in the same alternating rounds, it bounds what any single-core gather of those bytes can reach.
+
+Profile (cProfile, 2026-12-03, image workload, 2 loaded cores): 93% of `sample_sequences` is
+inside `np.take` of the two cameras' frames (43 MB per batch: 256 x 4 x 2 x 3x84x84 uint8, copied
+once, into pooled output arrays); index arithmetic (numba), the other takes and Python are the
+other 7%. Gathering the 1024 frames of one camera otherwise was no faster: torch.index_select into
+a preallocated tensor 2.4 GB/s and a loop of whole-window slice copies 3.9 GB/s vs np.take 3.8 GB/s
+in one run; in another, np.take 6.4 GB/s vs a contiguous copy of the same bytes 7.1 GB/s. So the
+image batch is bound by memory bandwidth: the buffer reaches `buffer_share_of_memcpy` of the
+ceiling, and `memcpy_ceiling_speedup` is the speedup the ceiling itself would have. Measured with
+--transitions 20000 --image-transitions 20000 at load 10-13: buffer 67.1 batch/s, ceiling 74.8
+(90%), loader 2.03: 33x, ceiling 37x; so >= 50x is out of reach of any one-core copy here. (The
+default 100k image transitions hold ~9 GB at peak, the episodes as read plus the buffer's copy;
+that run was OOM-killed beside other jobs; before this change, at load ~1-4, it gave 40x.)
+
     python benchmarks/replay_sampling.py --json runs/bench/replay_sampling.json
 
 JSON: buffer_batches_per_s, per_item_loader_batches_per_s, speedup (of the slower-gaining workload;
 target >= 50), bytes_per_image_transition, raw_frame_bytes (target ratio <= 1.05), and per-workload
-numbers under "workloads".
+numbers under "workloads" (the image one with memcpy_batches_per_s, memcpy_ceiling_speedup and
+buffer_share_of_memcpy).
 """
 from __future__ import annotations
 
@@ -68,15 +87,31 @@ def rate(fn, seconds: float, min_batches: int = 2) -> float:
     return n / (time.perf_counter() - start)
 
 
-def compare(buffer_fn, loader_fn, rounds: int, seconds: float) -> dict:
-    """Batches/s of both, timed in alternating rounds (the machine's load drifts), medians."""
-    buffer_fn(), loader_fn()  # warm up: numba compilation, file handles
-    buffer_rates, loader_rates = [], []
+def compare(fns: dict, rounds: int, seconds: float) -> dict:
+    """Batches/s of each of `fns` (name -> batch function), timed in alternating rounds (the machine's
+    load drifts), medians, as "<name>_batches_per_s"."""
+    for fn in fns.values():  # warm up: numba compilation, file handles
+        fn()
+    rates = {name: [] for name in fns}
     for _ in range(rounds):
-        buffer_rates.append(rate(buffer_fn, seconds))
-        loader_rates.append(rate(loader_fn, seconds))
-    return {"buffer_batches_per_s": float(np.median(buffer_rates)),
-            "per_item_loader_batches_per_s": float(np.median(loader_rates))}
+        for name, fn in fns.items():
+            rates[name].append(rate(fn, seconds))
+    return {f"{name}_batches_per_s": float(np.median(r)) for name, r in rates.items()}
+
+
+def contiguous_copy(buffer: ReplayBuffer, batch: int, horizon: int, seed: int = 0):
+    """The ceiling of a sequence batch: its rows of every stored array, copied as one contiguous run."""
+    part, rows = buffer._offline, batch * (horizon + 1)
+    sources = [*part.obs.values(), part.action, part.reward, part.terminal]
+    outputs = [np.empty((rows, *a.shape[1:]), a.dtype) for a in sources]
+    rng = np.random.default_rng(seed)
+
+    def copy():
+        start = rng.integers(len(part) - rows)
+        for source, out in zip(sources, outputs):
+            np.copyto(out, source[start : start + rows])
+
+    return copy
 
 
 def robomimic_loader(path: str, obs_keys: list[str], seq_length: int, load_next_obs: bool):
@@ -119,8 +154,8 @@ def bench_lowdim(tmp: str, transitions: int, length: int, rounds: int, seconds: 
     buffer.add_offline(read_hdf5(path).episodes)
     loader = robomimic_loader(path, list(LOW_DIM), seq_length=NSTEP, load_next_obs=True)
     return {"transitions": buffer.num_offline,
-            **compare(lambda: buffer.sample(BATCH, nstep=NSTEP), lambda: nstep_from_sequences(loader()), rounds,
-                      seconds)}
+            **compare({"buffer": lambda: buffer.sample(BATCH, nstep=NSTEP),
+                       "per_item_loader": lambda: nstep_from_sequences(loader())}, rounds, seconds)}
 
 
 def bench_image(tmp: str, transitions: int, length: int, image_size: int, rounds: int, seconds: float) -> dict:
@@ -132,9 +167,13 @@ def bench_image(tmp: str, transitions: int, length: int, image_size: int, rounds
     buffer.add_offline(read_hdf5(path, obs_keys=keys).episodes)
     image_bytes = sum(buffer._offline.obs[k].nbytes for k in CAMERAS)
     loader = robomimic_loader(path, keys, seq_length=HORIZON + 1, load_next_obs=False)
+    rates = compare({"buffer": lambda: buffer.sample_sequences(BATCH, HORIZON), "per_item_loader": loader,
+                     "memcpy": contiguous_copy(buffer, BATCH, HORIZON)}, rounds, seconds)
     return {
         "transitions": buffer.num_offline,
-        **compare(lambda: buffer.sample_sequences(BATCH, HORIZON), loader, rounds, seconds),
+        **rates,
+        "memcpy_ceiling_speedup": rates["memcpy_batches_per_s"] / rates["per_item_loader_batches_per_s"],
+        "buffer_share_of_memcpy": rates["buffer_batches_per_s"] / rates["memcpy_batches_per_s"],
         "bytes_per_image_transition": image_bytes / buffer.num_offline,
         "raw_frame_bytes": len(CAMERAS) * 3 * image_size * image_size,
     }
@@ -176,6 +215,9 @@ def main() -> None:
     for name, w in workloads.items():
         print(f"{name:<22} {w['transitions']:>11} {w['buffer_batches_per_s']:>15.1f} "
               f"{w['per_item_loader_batches_per_s']:>18.2f} {w['speedup']:>7.0f}x")
+    print(f"image ceiling: contiguous copy of the same rows {image['memcpy_batches_per_s']:.1f} batch/s "
+          f"({image['memcpy_ceiling_speedup']:.0f}x the loader); the buffer reaches "
+          f"{image['buffer_share_of_memcpy']:.0%} of it")
     ratio = image["bytes_per_image_transition"] / image["raw_frame_bytes"]
     print(f"image bytes per transition {image['bytes_per_image_transition']:.0f} vs raw frames "
           f"{image['raw_frame_bytes']} ({ratio:.3f}x)")
