@@ -124,7 +124,8 @@ class RayVecEnv(VecEnv):
 
     def _gather(self, env_ids, cmd: str, args_of, timeout: float) -> list:
         """`cmd` on every env of env_ids, one call per runner, all runners at once. The envs of a runner
-        that died answer None (for step) once Ray has restarted it and their new episodes began."""
+        that died answer None (for step) once Ray has restarted it and new episodes began in all its envs
+        (all of them in `self._lost`, the next StepResult reports them)."""
         env_ids = list(env_ids)
         groups = {r: [i for i in env_ids if i in ids] for r, ids in enumerate(self.env_ids)}
         groups = {r: ids for r, ids in groups.items() if ids}
@@ -164,6 +165,7 @@ class RayVecEnv(VecEnv):
         ids = self.env_ids[r]
         for i in ids:
             self.lost_reasons[i] = why
+        self._lost.update(ids)  # every env of the runner, whether this call addressed it or not
         calls = [(i, (self._next_episode_seed(i), None)) for i in ids]
         status, obs = ray.get(self.workers[r].run.remote(self.incarnations[r], "reset", calls),
                               timeout=self.reset_timeout)

@@ -4,12 +4,16 @@ Every backend (these and `envs.warp`) returns torch tensors:
   obs        dict key -> [B, ...]   low-dim float32, images uint8 [B, C, H, W], `task_id` int64 [B]
   reward     [B] float32, terminated / truncated / success [B] bool
   next_obs   the observation the step reached, before any auto-reset (for storing transitions)
-  lost       [B] bool: the env's worker died during this step, so the step never happened
+  lost       [B] bool: the env's worker died during this step (or during a call since the last step), so
+             the step never happened
 With `autoreset=True` an env whose episode ended is reset at once and `obs` holds its new first
 observation. A worker process that dies or stops answering is replaced and its env reset; its
 episode ends there, reported truncated *and* lost: its `next_obs` row is a copy of the last real
 observation, not a transition, and must not be stored or scored (`num_restarts` counts these;
-`lost_reasons[i]` says why env i's worker was last replaced).
+`lost_reasons[i]` says why env i's worker was last replaced). A worker may hold several envs
+(envs.ray_runners): all of them lose their episodes, so all are reported, stepped in that call or not.
+An episode lost in another call (render, get, another env's reset) is reported by the next step, which
+does not step that env: its new episode starts from the `obs` that step returns.
 """
 from __future__ import annotations
 
@@ -224,6 +228,8 @@ class VecEnv:
         self.step_timeout, self.reset_timeout = step_timeout, reset_timeout
         self.num_restarts = 0
         self.lost_reasons: dict[int, str] = {}  # env i -> why its worker was last replaced
+        # Envs whose episode a worker restart ended, until `step` reports them (or `reset_envs` restarts them)
+        self._lost: set[int] = set()
         self.workers = self._start_workers()
         self._obs: list[dict] = []
         self._seeds: list[int | None] = [None] * num_envs
@@ -285,25 +291,31 @@ class VecEnv:
             self._obs = [None] * self.num_envs
         for i, obs in zip(env_ids, results):
             self._obs[i], self._seeds[i] = obs, args[i][0]
+        self._lost.difference_update(env_ids)  # their episodes start here, as the caller asked: nothing lost
         return stack_obs(self._obs)
 
     def step(self, actions: torch.Tensor | np.ndarray, active: np.ndarray | None = None) -> StepResult:
-        """actions [B, A] in [-1, 1]. Envs with `active[i] == False` are not stepped (reward 0, no flags)."""
+        """actions [B, A] in [-1, 1]. Envs with `active[i] == False` are not stepped (reward 0, no flags
+        unless their episode was lost)."""
         actions = np.asarray(actions.detach().cpu() if torch.is_tensor(actions) else actions, dtype=np.float64)
         if actions.shape != (self.num_envs, self.action_dim):
             raise ValueError(f"actions must have shape {(self.num_envs, self.action_dim)}, got {actions.shape}")
-        ids = [i for i in range(self.num_envs) if active is None or active[i]]
+        # An env whose episode was lost since the last step is not stepped: the action was meant for the old one
+        ids = [i for i in range(self.num_envs) if (active is None or active[i]) and i not in self._lost]
         check_finite_actions(actions[ids], ids)
         reward = np.zeros(self.num_envs, np.float32)
         terminated, truncated, success, lost = (np.zeros(self.num_envs, bool) for _ in range(4))
         next_obs = list(self._obs)
         for i, out in zip(ids, self._gather(ids, "step", lambda i: (actions[i], self.autoreset), self.step_timeout)):
-            if out is None:  # worker died and was replaced: its episode ends here, truncated, not a transition
-                truncated[i] = lost[i] = True
+            if out is None:  # its worker died and was replaced: in self._lost, reported below
                 continue
             obs, reward[i], terminated[i], truncated[i], success[i], final = out
             next_obs[i] = obs if final is None else final
             self._obs[i] = obs
+        # Lost episodes end here, truncated, not a transition (next_obs: a copy of the last real observation)
+        lost_ids = sorted(self._lost)
+        truncated[lost_ids] = lost[lost_ids] = True
+        self._lost.clear()
         return StepResult(
             obs=stack_obs(self._obs),
             reward=torch.from_numpy(reward),
@@ -354,6 +366,7 @@ class VecEnv:
         obs = self.workers[i].recv(self.reset_timeout)
         if self._obs:
             self._obs[i] = obs
+        self._lost.add(i)
 
     def _next_episode_seed(self, i: int) -> int | None:
         """The seed of env i's next episode in its stream (see EnvRunner.step), recorded as its current one."""
