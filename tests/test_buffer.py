@@ -252,6 +252,23 @@ def test_save_load_gives_identical_samples(tmp_path):
     assert torch.equal(buffer.sample(64)["obs"]["state"], loaded.sample(64)["obs"]["state"])
 
 
+def test_reseeded_copies_of_one_saved_buffer_draw_their_own_batches(tmp_path):
+    # data-parallel ranks resume from rank 0's saved buffer: reseeded by rank, their batches differ
+    buffer = make_buffer(num_envs=2, capacity=30, seed=5)
+    world = World(buffer, np.random.default_rng(3))
+    world.add_offline([4, 6])
+    for _ in range(25):
+        world.step(max_len=5)
+    buffer.save(tmp_path / "buffer.h5")
+    ranks = [ReplayBuffer.load(tmp_path / "buffer.h5") for _ in range(3)]
+    for rank, seed in zip(ranks, (11, 12, 11)):
+        rank.reseed(seed)
+    batches = [labels(r.sample(32, nstep=2)["obs"]["state"]) for r in ranks]
+    assert batches[0] != batches[1]  # two ranks' seeds: two batches
+    assert batches[0] == batches[2]  # one seed: one batch
+    assert labels(buffer.sample(32, nstep=2)["obs"]["state"]) != batches[0]  # not the saved RNG's draw either
+
+
 def test_add_offline_appends_to_a_buffer_already_sampled():
     buffer = make_buffer()
     world = World(buffer, np.random.default_rng(7))

@@ -543,6 +543,12 @@ class ReplayBuffer:
                     stored.read_direct(streams, dest_sel=np.s_[:, : stored.shape[1]])
         return buffer
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling RNG from `seed`. Data-parallel ranks that resume from one saved buffer load
+        one RNG state: reseeded by rank (distributed.rank_seed), they draw their own batches again."""
+        self.seed = int(seed)
+        self._rng = np.random.default_rng(self.seed)
+
 
 def _default_dtype(key: str) -> np.dtype:
     if is_image_key(key):

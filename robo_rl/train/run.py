@@ -76,8 +76,9 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
                 buffer.end_episodes()  # the envs restart below: nothing may join the interrupted episodes
         if world > 1:  # every rank starts from rank 0's weights and normalisation
             distributed.broadcast_module_(agent)
-            if state is not None and rank:  # the checkpoint restored rank 0's RNG on every rank
+            if state is not None and rank:  # the checkpoint restored rank 0's RNGs on every rank
                 seed_everything(distributed.rank_seed(cfg.seed) + progress.step)
+                buffer.reseed(distributed.rank_seed(cfg.seed) + progress.step)  # else: rank 0's replay batches
         logger = RunLogger(run_dir if rank == 0 else run_dir / f"rank{rank}",
                            cfg if rank == 0 else OmegaConf.merge(cfg, {"logger": {"mode": "disabled"}}),
                            name=f"{cfg.task.name}-{run_dir.name}", resume_step=-1 if state is None else progress.step)
