@@ -13,7 +13,8 @@ observation, not a transition, and must not be stored or scored (`num_restarts` 
 `lost_reasons[i]` says why env i's worker was last replaced). A worker may hold several envs
 (envs.ray_runners): all of them lose their episodes, so all are reported, stepped in that call or not.
 An episode lost in another call (render, get, another env's reset) is reported by the next step, which
-does not step that env: its new episode starts from the `obs` that step returns.
+does not step that env: its new episode starts from the `obs` that step returns (its `next_obs` row is
+that same new observation, again not a transition).
 """
 from __future__ import annotations
 
@@ -312,7 +313,7 @@ class VecEnv:
             obs, reward[i], terminated[i], truncated[i], success[i], final = out
             next_obs[i] = obs if final is None else final
             self._obs[i] = obs
-        # Lost episodes end here, truncated, not a transition (next_obs: a copy of the last real observation)
+        # Lost episodes end here, truncated, not a transition (next_obs: a copy of an observation, see module doc)
         lost_ids = sorted(self._lost)
         truncated[lost_ids] = lost[lost_ids] = True
         self._lost.clear()
