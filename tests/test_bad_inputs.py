@@ -177,7 +177,7 @@ CONFIGS = {
     "negative_online_steps": ("train_qwm.py", ["budget.online_steps=-5"], ["budget.online_steps=-5: must be >= 0"]),
     "no_root_actions": ("train_qwm.py", ["planner.num_actions=0"], ["planner.num_actions=0: must be >= 1"]),
     "lr_not_a_number": ("train_qwm.py", ["agent.lr=fast"], ["agent.lr='fast': expected a number"]),
-    "unknown_backend": ("train_qwm.py", ["env.backend=ray"], ["env.backend='ray'", "subprocess, sync, warp"]),
+    "unknown_backend": ("train_qwm.py", ["env.backend=threads"], ["env.backend='threads'", "subprocess, sync, warp, ray"]),
     "empty_dataset_dir": ("train_qwm.py", ["dataset={empty}"], ["dataset={empty}: folder without .hdf5 files"]),
     "lift_dataset_for_can": ("train_qwm.py", ["task=can", "dataset={lift}"], ["recorded in Lift", "task=can",
                                                                               "pass task=lift"]),
