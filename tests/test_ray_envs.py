@@ -2,7 +2,10 @@
 import dataclasses
 import json
 
+import time
+
 import numpy as np
+import psutil
 import pytest
 import ray
 import torch
@@ -19,6 +22,24 @@ def ray_cluster():
     yield
     if ray.is_initialized():
         ray.shutdown()
+
+
+def kill_runner(env: RayVecEnv, r: int) -> None:
+    """Kill runner r as a crash would (Ray restarts it) and wait until its process is gone: ray.kill only
+    asks, and a call that reaches the old actor first would succeed and make the test depend on timing."""
+    pid = env.pids[r]
+    ray.kill(env.workers[r], no_restart=False)
+    deadline = time.monotonic() + 30
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"runner {r} (pid {pid}) still alive 30 s after ray.kill"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def rollout(env, actions: np.ndarray, seed: int) -> list:
@@ -58,7 +79,7 @@ def test_killed_runner_is_restarted_and_all_its_episodes_come_back_truncated_and
         for _ in range(3):
             env.step(np.zeros((3, 7)))
         old_pid, other_pid = env.pids
-        ray.kill(env.workers[0], no_restart=False)  # as a crash would: Ray restarts the actor
+        kill_runner(env, 0)  # as a crash would: Ray restarts the actor
         # env 2 is not stepped in this call (as an evaluation's idle env), but lives in runner 0 too
         result = env.step(np.zeros((3, 7)), active=np.array([True, True, False]))
         assert result.truncated.tolist() == [True, False, True] and result.lost.tolist() == [True, False, True]
@@ -72,14 +93,14 @@ def test_killed_runner_is_restarted_and_all_its_episodes_come_back_truncated_and
             result = env.step(np.zeros((3, 7)))
         assert not result.lost.any() and env.num_restarts == 1
         # a runner lost outside a step (here in `get`): the next step reports its episode, without stepping it
-        ray.kill(env.workers[1], no_restart=False)
+        kill_runner(env, 1)
         env.get("instruction")
         result = env.step(np.ones((3, 7)))
         assert result.lost.tolist() == [False, True, False] and env.num_restarts == 2
         torch.testing.assert_close(result.obs["object"][1], reference.reset(seed=1 + 3)["object"][0], rtol=0, atol=0)
         # lost while another env of the runner is reset (an evaluation handing env 0 its next job): env 0 starts
         # the episode asked for, env 2's episode is lost
-        ray.kill(env.workers[0], no_restart=False)
+        kill_runner(env, 0)
         obs = env.reset_envs([0], seed=[100])
         torch.testing.assert_close(obs["object"][0], reference.reset(seed=100)["object"][0], rtol=0, atol=0)
         assert env.step(np.zeros((3, 7))).lost.tolist() == [False, False, True] and env.num_restarts == 3
