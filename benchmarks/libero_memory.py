@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import resource
 import shutil
@@ -207,9 +206,10 @@ def main() -> None:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        from robo_rl.utils.logging import write_json
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -36,17 +36,18 @@ buffer_share_of_memcpy).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.data.hdf5 import Episode, read_hdf5, write_robomimic
+from robo_rl.utils.logging import write_json
 
 LOW_DIM = {"object": 10, "robot0_eef_pos": 3, "robot0_eef_quat": 4, "robot0_gripper_qpos": 2}
 CAMERAS = ("agentview_image", "robot0_eye_in_hand_image")
@@ -222,9 +223,8 @@ def main() -> None:
     print(f"image bytes per transition {image['bytes_per_image_transition']:.0f} vs raw frames "
           f"{image['raw_frame_bytes']} ({ratio:.3f}x)")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":
