@@ -15,6 +15,25 @@
 
 Rounds of the two env backends are interleaved and the best round is the headline: other processes on
 this shared machine only ever slow a round down (all rounds are in the JSON).
+
+Where Ray's extra time goes (issue 17; 2 Lift state envs on 2 runners; CPU time per VecEnv step from psutil and
+cProfile with a CPU clock, 2 cores shared with other jobs at load 3-5):
+  driver        subprocess backend 0.75-0.9 ms; Ray 1.85-2.3 ms, nearly all in Ray's actor-call machinery:
+                ~0.55 ms per `.remote` (binding, then msgpack/cloudpickle of each argument, each numpy array an
+                out-of-band buffer) and ~0.4 ms per `ray.get`. Now each runner takes and answers one pickled
+                bytes message and the driver waits on all runners with one `ray.get`: 1.55-1.8 ms (4 runs each,
+                interleaved with the old code).
+  runners       6.9-8.4 ms per step each, as the subprocess workers (7.2-7.8 ms): hosting the envs inside the
+                actor costs nothing measurable.
+  Ray processes gcs_server, raylet, log monitor, autoscaler monitor, dashboard head, runtime-env and dashboard
+                agents: ~0.3 ms per step together once started (include_dashboard=False does not stop them and
+                ray.init has no switch for the rest); log_to_driver=False and enable_task_events=False made no
+                measurable difference.
+  round trip    two actor calls and one ray.get take 1.7-1.8 ms wall here, a pipe ~0.1 ms.
+Under that load Ray runners were faster than subprocess workers (ray_vs_subprocess 1.35-1.41): a subprocess
+worker waited 6-8 ms per step for a core, a Ray runner 2-3.5 ms (schedstat; why is not found: Ray runs its
+workers at nice +4, and so renicing subprocess workers did not close the gap). Ray's overhead proper shows
+only on an idle machine.
 """
 from __future__ import annotations
 
