@@ -26,8 +26,9 @@ workers, per-process CPU time (psutil) and run-queue delay (/proc/PID/schedstat)
               and stacks two obs dicts in 19 us, Connection.poll takes 3 us: under 1% of a step. Observations in
               shared memory (gymnasium's shared_memory=True, EnvPool) would save under 1%, so they are not used.
   main        0.75-0.9 ms CPU per step for 2 envs (cold caches after each wake-up make the calls above ~10x
-              dearer than warm); pinning the workers to cores, or running them at nice +4, did not change the
-              wall time per step beyond the noise.
+              dearer than warm); pinning the workers to cores, running them at nice +4, or waking them
+              through semaphores instead of pipes (a toy with 7 ms of work per step: 14.2 vs 14.5 ms per
+              step) did not change the wall time per step beyond the noise.
   run queue   each worker waits 6-8 ms per step for a core (the main process 1.3-3 ms): under this load the
               two workers get about one core between them and vector_speedup measured 0.87 (best of 3 rounds).
 The target (>= 1.7) is a question of the CPU the workers get, not of moving observations; it can only be
