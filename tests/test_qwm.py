@@ -33,7 +33,7 @@ def test_two_step_lookahead_avoids_the_cliff_the_critic_walks_into():
     z = torch.zeros(4, 2)  # 4 envs at x = 0, not fallen
     chosen = {}
     for depth in (0, 1, 2):
-        planner = QWMPlanner(QWMConfig(num_actions=16, depth=depth))
+        planner = QWMPlanner(QWMConfig(num_actions=16, depth=depth, uncertainty=0.0))
         action, info = planner.plan(z, uniform_policy(seed=0), myopic_q, cliff_next)
         chosen[depth] = action[:, 0]
     candidates = info["candidates"][..., 0]  # the same 16 root actions per env at every depth (same seed)
@@ -47,6 +47,28 @@ def test_two_step_lookahead_avoids_the_cliff_the_critic_walks_into():
     # Scoring by the tree value alone (root_weight 0) steps forward safely too.
     action, _ = QWMPlanner(QWMConfig(num_actions=16, depth=2, root_weight=0.0)).plan(z, uniform_policy(seed=0), myopic_q, cliff_next)
     assert ((action[:, 0] > 0) & (action[:, 0] <= CLIFF_EDGE)).all()
+
+
+def fog_next(z, a, num_samples):
+    """x moves by a; past the edge the world model has seen no data and its K samples disagree."""
+    x_next = z[:, 0] + a[:, 0]  # [M]
+    spread = (x_next > CLIFF_EDGE).float()[:, None] * torch.linspace(-1, 1, num_samples)  # [M, K]
+    return torch.stack([x_next[:, None] + spread, torch.zeros_like(spread)], -1)  # [M, K, 2]
+
+
+def test_uncertainty_cost_keeps_the_pick_where_the_world_model_agrees():
+    z = torch.zeros(4, 2)
+    picks = {}
+    for beta in (0.0, 1.0):
+        planner = QWMPlanner(QWMConfig(num_actions=16, depth=1, uncertainty=beta, precision="fp32"))
+        action, info = planner.plan(z, uniform_policy(seed=0), myopic_q, fog_next)
+        picks[beta] = action[:, 0]
+    candidates = info["candidates"][..., 0]
+    assert ((candidates > CLIFF_EDGE).any(1) & (candidates <= CLIFF_EDGE).any(1)).all()
+    disagreement = info["disagreement"]
+    assert torch.equal(disagreement > 0, candidates > CLIFF_EDGE)  # the heads disagree past the edge only
+    assert (picks[0.0] > CLIFF_EDGE).all()  # the critic alone steps into the fog
+    assert (picks[1.0] <= CLIFF_EDGE).all()  # the cost keeps every env where the model knows the outcome
 
 
 # -- the batched search against the literal tree walk --------------------------------------------

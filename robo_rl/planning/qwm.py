@@ -16,7 +16,8 @@ tensor program; only the depth loop is Python):
     value    G_d = mean of g over the nodes of depth d: a d-step model-based estimate of the value
              of a_n, averaged over the model's samples (its uncertainty).
              T = Σ_d λ^(d−1) G_d / Σ_d λ^(d−1)          (d = 1..D: λ discounts deeper estimates)
-    score    S_n = w·G_0 + (1 − w)·T
+    score    S_n = w·G_0 + (1 − w)·T − β·u_n/ū      u_n: variance of a_n's K next latents (the model's
+             heads disagree where it has seen no data), ū: its mean over the state's N candidates
     select   argmax_n S_n, or n ~ softmax(S / temperature)
 
 How the values combine: with the default root weight w = ½ the score is QWM's ½(V_Q + V_r), the
@@ -43,6 +44,14 @@ argmax leans the same way at every state (`pick_bias`: +0.25 std in the first ro
 −0.16 in the second, all critic heads agreeing), so the arm tilts step after step into states the
 demonstrations never show. bf16 cannot even represent those differences near Q ≈ 0.5 (its spacing
 there is 0.004); fp32 picks lean the same way.
+
+Hence the uncertainty cost β (SAILOR's ensemble-uncertainty cost): among candidates the critic
+cannot tell apart, prefer those whose outcome the world model's heads agree on, i.e. those leading
+where the model has seen data; the critic's extrapolation carries no such signal. Dividing by the
+state's mean disagreement makes β scale-free (β = 0.1 outweighs the ~0.002 spread of Q). On
+the checkpoint above (50 paired episodes each, same init states): β = 0 gave qwm 0.48 vs none 0.74,
+β = 0.01 0.34 vs 0.60, β = 0.1 0.68 vs 0.66 (+0.02 [−0.15, +0.19]): the drift is gone. Critic
+best-of-N has no world model and cannot use it (0.44-0.52 vs 0.72 on that checkpoint).
 
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
@@ -83,6 +92,10 @@ class QWMConfig:
     selection: str = "argmax"  # "argmax" | "softmax"
     temperature: float = 1.0  # softmax temperature, in units of Q
     pessimism: float = 0.0  # κ: the actor's critic scores mean − κ·std over its heads (≥ 0)
+    # β: S_n −= β·u_n/ū, u_n the world model's disagreement about a_n's next latent (variance over its K
+    # samples), ū the mean over the state's candidates (SAILOR's ensemble-uncertainty cost, scale-free).
+    # Depth 0 (best-of-N by Q) has no world model to ask and ignores it.
+    uncertainty: float = 0.1
     # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 where the hardware does it
     # natively (CUDA with bf16, CPUs with AMX tiles), fp32 elsewhere (emulated bf16 is slower than fp32).
     precision: str = "auto"
@@ -106,6 +119,8 @@ class QWMConfig:
             raise ValueError(f'precision={self.precision!r}: must be "auto", "fp32" or "bf16"')
         if self.pessimism < 0:
             raise ValueError(f"pessimism={self.pessimism}: must be >= 0")
+        if self.uncertainty < 0:
+            raise ValueError(f"uncertainty={self.uncertainty}: must be >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature}: must be > 0")
 
@@ -156,15 +171,20 @@ class QWMPlanner:
         info = {"candidates": rearrange(a0, "(b n) a -> b n a", b=B), "q": rearrange(q0, "(b n) -> b n", b=B)}
         score = q0
         if cfg.depth > 0:
-            tree_value = self._tree_value(z0, a0, pi, q, next, reward, terminal)
+            tree_value, disagreement = self._tree_value(z0, a0, pi, q, next, reward, terminal)
             score = cfg.root_weight * q0 + (1.0 - cfg.root_weight) * tree_value
             info["tree_value"] = rearrange(tree_value, "(b n) -> b n", b=B)
+            info["disagreement"] = rearrange(disagreement, "(b n) -> b n", b=B)
         info["scores"] = rearrange(score, "(b n) -> b n", b=B)
+        if cfg.uncertainty and cfg.depth > 0:
+            relative = info["disagreement"] / info["disagreement"].mean(1, keepdim=True).clamp_min(1e-12)
+            info["scores"] = info["scores"] - cfg.uncertainty * relative
         info["index"] = self._select(info["scores"], generator)
         return info["candidates"][torch.arange(B, device=z.device), info["index"]], info
 
-    def _tree_value(self, z0: Tensor, a0: Tensor, pi, q, next, reward, terminal) -> Tensor:
-        """T for each of the M = B·N root actions z0 [M, Z], a0 [M, A] -> [M]."""
+    def _tree_value(self, z0: Tensor, a0: Tensor, pi, q, next, reward, terminal) -> tuple[Tensor, Tensor]:
+        """(T, u) for each of the M = B·N root actions z0 [M, Z], a0 [M, A]: [M] each; u is the world
+        model's disagreement about the root action's next latent (variance over the K samples, mean over Z)."""
         cfg = self.cfg
         M, K, gamma = z0.shape[0], cfg.num_samples, self.gamma
         # The kept nodes [M, P, ...] (P = 1 at the root, then J) with the action expanded from each;
@@ -175,6 +195,8 @@ class QWMPlanner:
         estimates = []  # G_d, each [M]
         for d in range(1, cfg.depth + 1):
             z = rearrange(_samples(next, z.flatten(0, 1), a.flatten(0, 1), K), "(m p) k z -> m (p k) z", m=M)
+            if d == 1:
+                disagreement = z.float().var(1).mean(-1)
             path, alive = repeat(path, "m p -> m (p k)", k=K), repeat(alive, "m p -> m (p k)", k=K)
             nodes = z.flatten(0, 1)  # [M·C, Z]
             probe = _policy(pi, nodes)
@@ -194,7 +216,7 @@ class QWMPlanner:
                 returns = returns.scatter(1, keep, _take(path, keep) + gamma**d * _take(alive, keep) * value)
             estimates.append(returns.mean(1))
         weights = cfg.lam ** torch.arange(cfg.depth, dtype=z0.dtype, device=z0.device)
-        return (torch.stack(estimates, 1) * weights).sum(1) / weights.sum()
+        return (torch.stack(estimates, 1) * weights).sum(1) / weights.sum(), disagreement
 
     def _select(self, scores: Tensor, generator: torch.Generator | None) -> Tensor:
         """scores [B, N] -> chosen index [B]."""
@@ -245,6 +267,9 @@ def plan_reference(
                 tree_value = sum(w * g for w, g in zip(weights, estimates)) / sum(weights)
                 score = cfg.root_weight * q_root + (1.0 - cfg.root_weight) * tree_value
             scores.append(score)
+        if cfg.uncertainty and cfg.depth > 0:
+            spread = [next(z_env[None], a[None], cfg.num_samples)[0].float().var(0).mean().item() for a in candidates]
+            scores = [s - cfg.uncertainty * u / max(sum(spread) / len(spread), 1e-12) for s, u in zip(scores, spread)]
         if cfg.selection == "argmax":
             index = max(range(len(scores)), key=lambda n: scores[n])
         else:
