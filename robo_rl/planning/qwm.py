@@ -169,16 +169,14 @@ class QWMPlanner:
         a0 = _policy(pi, z0)
         q0 = _value(q, z0, a0)
         info = {"candidates": rearrange(a0, "(b n) a -> b n a", b=B), "q": rearrange(q0, "(b n) -> b n", b=B)}
-        score = q0
+        info["scores"] = info["q"]
         if cfg.depth > 0:
-            tree_value, disagreement = self._tree_value(z0, a0, pi, q, next, reward, terminal)
-            score = cfg.root_weight * q0 + (1.0 - cfg.root_weight) * tree_value
-            info["tree_value"] = rearrange(tree_value, "(b n) -> b n", b=B)
-            info["disagreement"] = rearrange(disagreement, "(b n) -> b n", b=B)
-        info["scores"] = rearrange(score, "(b n) -> b n", b=B)
-        if cfg.uncertainty and cfg.depth > 0:
-            relative = info["disagreement"] / info["disagreement"].mean(1, keepdim=True).clamp_min(1e-12)
-            info["scores"] = info["scores"] - cfg.uncertainty * relative
+            tree_value, disagreement = (rearrange(x, "(b n) -> b n", b=B)
+                                        for x in self._tree_value(z0, a0, pi, q, next, reward, terminal))
+            relative = disagreement / disagreement.mean(1, keepdim=True).clamp_min(1e-12)  # u_n / ū
+            info["scores"] = (cfg.root_weight * info["q"] + (1.0 - cfg.root_weight) * tree_value
+                              - cfg.uncertainty * relative)
+            info |= {"tree_value": tree_value, "disagreement": disagreement}
         info["index"] = self._select(info["scores"], generator)
         return info["candidates"][torch.arange(B, device=z.device), info["index"]], info
 
