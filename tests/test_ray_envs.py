@@ -1,7 +1,6 @@
 """env.backend=ray: real robosuite Lift envs in Ray actors on a local Ray cluster, against the subprocess backend."""
 import dataclasses
 import json
-
 import time
 
 import numpy as np
