@@ -249,6 +249,7 @@ class ConvertConfig:  # conf/convert_robosuite.yaml
     cameras: tuple[str, ...]
     image_size: int
     valid_fraction: float
+    drop_idle: bool
 
     def __post_init__(self):
         _at_least(self, 1, "image_size")

@@ -14,7 +14,7 @@ import pytest
 
 from robo_rl.data.hdf5 import DatasetError, read_hdf5
 from robo_rl.data.registry import DownloadError, RegistryEntry, dataset_files, download, load_registry
-from robo_rl.demos.convert import convert_robosuite
+from robo_rl.demos.convert import REST_SPEED, convert_robosuite
 
 FIXTURES = Path("/work/shared/fixtures/robosuite")
 LIFT = FIXTURES / "robosuite_v140_lift_panda_3demos.hdf5"
@@ -57,6 +57,25 @@ def test_fixture_converts_to_robomimic_lift(converted):
     for r in reports:
         assert r.success, r
         assert 0.0 < r.max_state_divergence < 5.0  # measured 0.09 / 1.02 / 0.45: human demos replay closely
+
+
+@needs_fixture
+def test_drop_idle_keeps_the_moving_steps_and_each_demo_still_lifts(tmp_path, converted):
+    out = tmp_path / "lift_active.hdf5"
+    reports = convert_robosuite(str(LIFT), str(out), drop_idle=True)
+    assert [r.success for r in reports] == [True, True, True]
+    full = read_hdf5(converted[0], action_dim=7).episodes
+    for e, f, r in zip(read_hdf5(out, action_dim=7).episodes, full, reports):
+        T = e.num_steps
+        assert r.kept_steps == T < 0.7 * f.num_steps  # measured 240 of 482, 248 of 510, 128 of 392
+        assert e.rewards[-1] == 1.0 and e.terminals[-1] and e.terminals.sum() == 1  # the replay stops at success
+        # obs[t] is the observation at states[t] (cube position = qpos[9:12]); robosuite samples env.step's
+        # observation within the control period, so it trails the state by up to 2.2 mm while the cube settles
+        np.testing.assert_allclose(e.obs["object"][:T, :3], e.states[:, 10:13], atol=3e-3)
+        speed = np.maximum(np.abs(e.obs["robot0_joint_vel"][:T]).max(1), np.abs(e.obs["robot0_gripper_qvel"][:T]).max(1))
+        waits = ~e.actions[1:, :6].any(1) & (e.actions[1:, 6] == e.actions[:-1, 6]) & (speed[1:] < REST_SPEED)
+        assert not waits.any()  # no step left that commands nothing while the robot rests
+        assert (~e.actions[:, :6].any(1)).mean() > 0.3  # the coasting and gripper-closing steps stay
 
 
 @needs_fixture

@@ -6,6 +6,15 @@ does, we rebuild the env, load each demo's scene, set every recorded state to re
 label rewards and dones (done = 1 at the last step and at success), and play the final action to get
 the last next observation. Separately, the recorded actions are replayed open loop from the first
 state to report whether they still reach success here and how far the simulation drifts.
+
+`drop_idle=True` records each demo differently: its actions are replayed from the first state with the
+idle ones left out, and the replay itself is the episode (every transition one real simulator step).
+Idle = no motion commanded, the gripper command unchanged, and the robot at rest. Keyboard teleoperation
+is mostly idle (robosuite's 3 human Lift demos: 91% zero-motion steps, up to 147 in a row while the
+operator thinks), and a policy cloned from it learns to wait. OpenVLA drops such no-op steps too; only
+steps at rest go, because the steps where the arm still coasts after a key press or the fingers still
+close carry the motion the demo relies on (dropping those as well, 2 of the 3 Lift demos no longer lift
+the cube). A demo whose filtered replay does not succeed is left out.
 """
 from __future__ import annotations
 
@@ -34,7 +43,8 @@ class ReplayReport:
     demo: str
     steps: int
     success: bool  # replaying the recorded actions from the first state reaches task success
-    max_state_divergence: float  # max over steps of ||replayed state - recorded state||_2
+    max_state_divergence: float  # max over steps of ||replayed state - recorded state||_2 (nan: drop_idle)
+    kept_steps: int | None = None  # drop_idle: steps of the recorded episode (None: all steps kept)
 
 
 @dataclass
@@ -48,12 +58,13 @@ class RawDemo:
 
 
 def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...] = (), image_size: int = 84,
-                      low_dim_keys: tuple[str, ...] = LOW_DIM_KEYS, valid_fraction: float = 0.1
-                      ) -> list[ReplayReport]:
+                      low_dim_keys: tuple[str, ...] = LOW_DIM_KEYS, valid_fraction: float = 0.1,
+                      drop_idle: bool = False) -> list[ReplayReport]:
     """Convert a raw robosuite demo file into a robomimic dataset at `output_path`.
 
     cameras: robosuite camera names (e.g. agentview, robot0_eye_in_hand) recorded as `<camera>_image`
-    uint8 images of image_size x image_size. Returns one replay report per demo. On any error no
+    uint8 images of image_size x image_size. drop_idle: record the replay without idle steps (module
+    docstring); demos it makes fail are left out. Returns one replay report per demo. On any error no
     output file is left behind.
     """
     env_name, env_kwargs, version, demos = read_raw_robosuite(input_path)
@@ -76,10 +87,18 @@ def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...
         episodes, reports = [], []
         for demo in demos:
             _load_scene(env, input_path, demo, version)
-            reports.append(_replay(env, demo))
-            episodes.append(_extract(env, demo, low_dim_keys, rgb_keys))
+            if drop_idle:
+                episode, report = _replay_without_idle(env, demo, low_dim_keys, rgb_keys)
+                episodes += [episode] if report.success else []
+            else:
+                report = _replay(env, demo)
+                episodes.append(_extract(env, demo, low_dim_keys, rgb_keys))
+            reports.append(report)
     finally:
         env.close()
+    if not episodes:
+        raise DatasetError(f"{input_path}: no demo still succeeds when replayed without its idle steps; "
+                           "convert it without drop_idle")
     env_args = {"env_name": env_name, "type": ROBOSUITE_ENV_TYPE, "env_kwargs": env_kwargs}
     write_robomimic(output_path, episodes, env_args, valid_fraction,
                     attrs={"source_file": os.path.basename(input_path), "source_robosuite_version": version})
@@ -194,6 +213,47 @@ def _replay(env, demo: RawDemo) -> ReplayReport:
         if t + 1 < len(demo.states):
             divergence = max(divergence, float(np.linalg.norm(demo.states[t + 1] - env.sim.get_state().flatten())))
     return ReplayReport(demo.name, len(demo.actions), success, divergence)
+
+
+# Joint and finger speeds (rad/s, m/s) below which the robot counts as at rest: a Panda coasting after a
+# key press moves its joints at 0.05-0.5, and the rest the human Lift demos pause at is below 0.01.
+REST_SPEED = 0.02
+
+
+def _replay_without_idle(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...],
+                         rest_speed: float = REST_SPEED) -> tuple[Episode, ReplayReport]:
+    """Replay the demo's actions from the (already loaded) first state, skipping idle steps, until success.
+    The replay is the episode: observations, states and rewards are the simulator's at each executed step."""
+    actions = _clip(demo.actions)
+    gripper_dims = env.robots[0].gripper.dof  # robosuite puts the gripper command last
+    raw = env._get_observations(force_update=True)
+    obs, states, kept, rewards, success = [robomimic_obs(raw, low_dim_keys, rgb_keys)], [], [], [], False
+    previous_grip = actions[0, -gripper_dims:]  # teleoperation starts with the gripper as it is
+    for action in actions:
+        at_rest = max(np.abs(raw["robot0_joint_vel"]).max(), np.abs(raw["robot0_gripper_qvel"]).max()) < rest_speed
+        idle = not np.any(action[:-gripper_dims]) and np.array_equal(action[-gripper_dims:], previous_grip)
+        previous_grip = action[-gripper_dims:]
+        if idle and at_rest:
+            continue
+        states.append(env.sim.get_state().flatten())
+        raw = env.step(action)[0]
+        obs.append(robomimic_obs(raw, low_dim_keys, rgb_keys))
+        kept.append(action)
+        rewards.append(env.reward())
+        if env._check_success():
+            success = True
+            break
+    T = len(kept)
+    episode = Episode(
+        obs={k: np.stack([o[k] for o in obs]) for k in obs[0]},
+        actions=np.stack(kept),
+        rewards=np.asarray(rewards, np.float32),
+        terminals=np.arange(T) == T - 1,  # success ends the replay; else the last step ends the demo
+        states=np.stack(states),
+        model_file=demo.model_file,
+        name=demo.name,
+    )
+    return episode, ReplayReport(demo.name, len(actions), success, float("nan"), kept_steps=T)
 
 
 def _extract(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...]) -> Episode:
