@@ -134,9 +134,10 @@ class LearnerConfig:  # the `train:` group of config.yaml
     offline_ratio: float
     gamma: float
     nstep: int
+    demo_resets: float
 
     def __post_init__(self):
-        _fractions(self, "offline_ratio", "gamma")
+        _fractions(self, "offline_ratio", "gamma", "demo_resets")
         _at_least(self, 1, "nstep")
 
 

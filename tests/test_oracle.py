@@ -1,5 +1,5 @@
 """The simulator oracle on a real Lift env: restored states replay exactly, and true values order
-a known-good action above a known-bad one."""
+a known-good action above a known-bad one; an episode started at a mid-demo state keeps its grasp."""
 import numpy as np
 import pytest
 
@@ -54,6 +54,27 @@ def test_restored_state_replays_the_same_trajectory(env, episode):
         # left is contact-solver round-off (~0.1 mm over a grasp).
         np.testing.assert_allclose(result.obs["robot0_eef_pos"][0].numpy(), eef[k], atol=1e-3)
     assert bool(result.success[0]) and bool(result.done[0])
+
+
+def test_an_episode_started_mid_demo_keeps_the_grasp(env, episode):
+    """At the grasp, an episode started from the MuJoCo state alone inherits the previous episode's integrated
+    gripper command (here: open), so the fingers let go while the arm lifts; started mid-demo with the
+    demo's gripper command it lifts the cube."""
+    states, _, _, t = episode
+    lift = np.array([[0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]], dtype=np.float32)
+    let_go = np.array([[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]], dtype=np.float32)
+    outcomes = []
+    for options in ({"state": states[t]["sim"]}, {"demo_state": states[t]["sim"], "gripper_command": 1.0}):
+        env.reset_envs([0], seed=5)
+        for _ in range(20):
+            env.step(let_go)
+        env.reset_envs([0], options=[options])
+        for _ in range(40):
+            result = env.step(lift)
+            if bool(result.done[0]):
+                break
+        outcomes.append(bool(result.success[0]))
+    assert outcomes == [False, True]
 
 
 def test_true_value_orders_lifting_above_dropping(env, episode):

@@ -141,6 +141,16 @@ def test_action_chunks_train_and_act_end_to_end(tmp_path):
     assert any("online/wm_consistency" in l for l in lines)
 
 
+def test_online_episodes_start_at_demo_states_when_asked(tmp_path):
+    run_dir = tmp_path / "demo_resets"
+    # 10-step episodes: 60 env steps over 2 envs end 6 episodes, each begun at a scripted demo's state
+    train(run_dir, "task=lift", "train.demo_resets=1.0", "planner=none", "task.horizon=10", "budget.eval_episodes=1")
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [l for l in lines if "rollout/steps_per_s" in l][-1]
+    assert last["rollout/demo_start_episodes"] == 6 and "rollout/episodes" not in last  # none from the env's reset
+    assert len(load_buffer(run_dir, load_checkpoint(run_dir)).online_episodes()) == 6  # real steps, stored as usual
+
+
 def test_resume_after_kill_continues_from_last_checkpoint(tmp_path):
     run_dir = tmp_path / "resume"
     overrides = ["task=lift", "budget.offline_steps=400", "budget.checkpoint_every=50", "budget.online_steps=40"]

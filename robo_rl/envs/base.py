@@ -71,6 +71,26 @@ class SimEnv:
         env.robots[0].controller.new_update = True
         return env._get_observations(force_update=True)
 
+    def start_mid_demo(self, state: np.ndarray, gripper_command: float) -> dict:
+        """Begin an episode at a state recorded mid-demonstration; returns the raw observation.
+
+        Besides the MuJoCo state this sets what robosuite keeps outside it: the gripper's command, which
+        robosuite integrates step by step (fingers closed on a cube would otherwise reopen toward the
+        reset's command), to where holding `gripper_command` leads; and the arm controller's goal, to
+        the pose the state puts the arm in (else the first zero-rotation step turns the hand back).
+        """
+        raw = self.set_sim_state(state)
+        robot = self._robosuite_env.robots[0]
+        held, command = None, np.array([gripper_command])
+        for _ in range(1000):  # robosuite's Panda gripper moves its command 0.01 per call: ~200 calls saturate it
+            if held is not None and np.array_equal(held, robot.gripper.current_action):
+                break
+            held = np.array(robot.gripper.current_action)
+            robot.gripper.format_action(command)
+        robot.controller.update(force=True)
+        robot.controller.reset_goal()
+        return raw
+
     @property
     def _robosuite_env(self):
         """The robosuite environment object (LIBERO wraps one)."""

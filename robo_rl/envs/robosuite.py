@@ -99,6 +99,8 @@ class RobosuiteEnv(SimEnv):
         options = options or {}
         if options.get("state") is not None:  # a dataset's `states` entry
             raw = self.set_sim_state(options["state"])
+        if options.get("demo_state") is not None:  # a demo's state mid-way, with the gripper command held there
+            raw = self.start_mid_demo(options["demo_state"], options["gripper_command"])
         if options.get("snapshot") is not None:  # a mid-episode `snapshot()`: continues that episode
             raw = self.restore(options["snapshot"])
         return self._obs(raw)

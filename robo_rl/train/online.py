@@ -1,5 +1,7 @@
 """Online fine-tuning: act in the vectorized envs (through QWM search), store the real transitions,
-update on RLPD-style mixed batches. Imagined states never reach the buffer: only `env.step` output does."""
+update on RLPD-style mixed batches. Imagined states never reach the buffer: only `env.step` output does.
+With train.demo_resets > 0 that share of episodes starts at a random demo state instead of the env's reset
+(still real simulator steps from there)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,9 @@ from tqdm import tqdm
 from robo_rl.agents.sorl import SORLAgent
 from robo_rl.checkpoint import build_actor
 from robo_rl.data.buffer import ReplayBuffer
+from robo_rl.envs import env_spec
 from robo_rl.train.curves import LearningCurve
+from robo_rl.train.sources import demo_starts
 from robo_rl.train.trainer import Progress, Trainer
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
@@ -42,6 +46,9 @@ class OnlineTrainer(Trainer):
                                  param_noise_std=noise,
                                  num_groups=min(2, env.num_envs))
         self.offline_success_rate: float | None = None  # of the policy fine-tuning starts from
+        self.demo_starts = demo_starts(cfg, env_spec(cfg)) if cfg.train.demo_resets else []
+        self.rng = np.random.default_rng(distributed.rank_seed(cfg.seed))
+        self.from_demo = np.zeros(env.num_envs, bool)  # the env's episode began at a demo state
 
     def train(self) -> None:
         self._evaluate_offline_start()
@@ -50,10 +57,11 @@ class OnlineTrainer(Trainer):
         updates_per_iter = max(1, round(budget.utd * B))
         start = progress.env_steps
         # fresh episodes, also after a resume
-        obs = env.reset(seed=distributed.rank_seed(cfg.seed) + 7919 * (start + 1))
+        obs = self._start_some_from_demos(range(B), env.reset(seed=distributed.rank_seed(cfg.seed) + 7919 * (start + 1)))
         actor.reset(range(B))
         episode_return, episode_len = np.zeros(B), np.zeros(B, int)
-        recent = deque(maxlen=20)  # (success, return, length) of the last finished episodes
+        # (success, return, length) of the last finished episodes, from the env's reset and from demo states
+        recent, recent_demo = deque(maxlen=20), deque(maxlen=20)
         metrics, t0 = {}, time.time()
         next_log, next_ckpt = _next_multiple(start, budget.log_every), _next_multiple(start, budget.checkpoint_every)
         next_eval = _next_multiple(start, budget.eval_every) if budget.eval_every else None
@@ -74,8 +82,10 @@ class OnlineTrainer(Trainer):
             done = result.done.numpy()
             lost = result.lost.numpy()
             for i in np.flatnonzero(done & ~lost):
-                recent.append((bool(result.success[i]), episode_return[i], episode_len[i]))
+                (recent_demo if self.from_demo[i] else recent).append(
+                    (bool(result.success[i]), episode_return[i], episode_len[i]))
             episode_return[done], episode_len[done] = 0.0, 0
+            obs = self._start_some_from_demos(np.flatnonzero(done), obs)
             actor.reset(np.flatnonzero(done))  # auto-reset started new episodes there
             if actor.param_noise_std > 0 and done.any():
                 actor.resample_noise(sorted({int(i) % actor.num_groups for i in np.flatnonzero(done)}))
@@ -88,6 +98,7 @@ class OnlineTrainer(Trainer):
                 stats = _episode_stats(recent)
                 stats["steps_per_s"] = (steps - start) / (time.time() - t0)
                 stats["worker_restarts"] = getattr(env, "num_restarts", 0)
+                stats |= {f"demo_start_{k}": v for k, v in _episode_stats(recent_demo).items()}
                 self.logger.log({**{f"online/{k}": v for k, v in metrics.items()},
                                  **{f"rollout/{k}": v for k, v in stats.items()}, "env_steps": steps}, progress.step)
                 bar.set_postfix(success=f"{stats.get('success', float('nan')):.2f}",
@@ -100,6 +111,18 @@ class OnlineTrainer(Trainer):
                 next_ckpt = _next_multiple(steps, budget.checkpoint_every)
                 self.save()
         bar.close()
+
+    def _start_some_from_demos(self, env_ids, obs: dict) -> dict:
+        """Restart each of `env_ids` (episodes that just began at the env's reset) at a random demo state
+        with probability train.demo_resets; returns the observations of all envs."""
+        self.from_demo[list(env_ids)] = False
+        ids = [int(i) for i in env_ids if self.demo_starts and self.rng.random() < self.cfg.train.demo_resets]
+        if not ids:
+            return obs
+        picks = [self.demo_starts[k] for k in self.rng.integers(len(self.demo_starts), size=len(ids))]
+        self.from_demo[ids] = True
+        return self.env.reset_envs(ids, options=[{"demo_state": p.state, "gripper_command": p.gripper_command}
+                                                 for p in picks])
 
     def _evaluate_offline_start(self) -> None:
         """The policy fine-tuning starts from, evaluated once (a resumed run reads it back from

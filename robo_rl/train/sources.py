@@ -120,6 +120,38 @@ def scripted_demos(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
     return read_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM, normalized_actions=True).episodes
 
 
+@dataclass
+class DemoStart:
+    """Where an online episode may start instead of the env's reset (train.demo_resets): a demo's MuJoCo state
+    at one of its steps, and the gripper command the demo held there (its previous action's last entry)."""
+
+    state: np.ndarray  # [D] flattened MuJoCo state
+    gripper_command: float
+
+
+def demo_starts(cfg: DictConfig, spec: EnvSpec) -> list[DemoStart]:
+    """Every step t >= 1 of every demo (`dataset=` or the scripted ones) as a DemoStart. Nair et al. 2018
+    ("Overcoming exploration with demonstrations") reset to demo states so that sparse-reward episodes
+    begin where success is a few steps away; from a handful of demos, episodes from the env's reset alone
+    may never succeed. Robosuite tasks only: a state belongs to one scene."""
+    if spec.suite != "robosuite":
+        raise ConfigError(f"train.demo_resets={cfg.train.demo_resets}: starting episodes from demo states is "
+                          f"built for robosuite tasks, not {cfg.task.name} ({spec.suite}); pass train.demo_resets=0")
+    if cfg.dataset:
+        keys = spec.low_dim_keys[:1]  # the states are what is needed; one small key keeps the read cheap
+        episodes = (e for path in check_dataset(cfg.dataset, cfg.task)
+                    for e in iter_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM, normalized_actions=True))
+    else:
+        episodes = scripted_demos(cfg, spec)
+    starts = []
+    for e in episodes:
+        if e.states is None:
+            raise DatasetError(f"demo {e.name} of {cfg.dataset}: no `states`, so episodes cannot start from it; "
+                               "pass train.demo_resets=0 or use a dataset with MuJoCo states")
+        starts += [DemoStart(e.states[t], float(e.actions[t - 1, -1])) for t in range(1, e.num_steps)]
+    return starts
+
+
 def check_dataset(dataset: str | Path, task) -> list[Path]:
     """The HDF5 files `dataset=` names, each checked from its attrs alone to hold demos of `task` (the
     `task` group): LIBERO files for LIBERO suites, robomimic files recorded in the task's robosuite env
