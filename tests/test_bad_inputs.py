@@ -62,6 +62,17 @@ def scale(key: str, factor: float):
     return edit
 
 
+def nan_states(demos: dict):
+    """Give every demo a `states` column [T, 32] of zeros, NaN at `demos[demo]` (a row or one element)."""
+    def edit(f):
+        for demo in f["data"]:
+            states = np.zeros((len(f[f"data/{demo}/actions"]), 32))
+            if demo in demos:
+                states[demos[demo]] = np.nan
+            f.create_dataset(f"data/{demo}/states", data=states)
+    return edit
+
+
 def set_values(key: str, value: float, demos: dict):
     """Set `data/<demo>/<key>[index]` to `value` for each demo -> index (a row, rows, or one element)."""
     def edit(f):
@@ -104,6 +115,7 @@ DATASETS = {
                              "lift", ["demo_0 obs/robot0_eef_pos (1 Inf)"]),
     "inf_reward": (lambda p: write_lift(p, set_values("rewards", -np.inf, {"demo_5": 2})),
                    "lift", ["demo_5 rewards (1 Inf)"]),
+    "nan_state": (lambda p: write_lift(p, nan_states({"demo_3": (2, 5)})), "lift", ["1 of 6 demos", "demo_3 states (1 NaN)"]),
     "actions_times_50": (lambda p: write_lift(p, scale("actions", 50.0)), "lift",
                          ["actions outside [-1, 1] in 6 of 6 demos", "max |a| = 4", "normalized delta actions"]),
     "lift_file_for_can": (lambda p: write_lift(p), "can", ["recorded in Lift", "task=can runs PickPlaceCan",

@@ -261,11 +261,11 @@ def nonfinite_count(values: np.ndarray) -> str:
 
 
 def _check_finite(path: str, episodes: list[Episode]) -> None:
-    """NaN/Inf in actions, rewards or low-dim observations; every bad demo is listed, so one message
-    says what to clean."""
+    """NaN/Inf in actions, rewards, MuJoCo states (episodes may start from them) or low-dim observations;
+    every bad demo is listed, so one message says what to clean."""
     nonfinite = {}  # demo -> its non-finite arrays, e.g. ["actions (4 NaN)"]
     for e in episodes:
-        arrays = {"actions": e.actions, "rewards": e.rewards,
+        arrays = {"actions": e.actions, "rewards": e.rewards, **({"states": e.states} if e.states is not None else {}),
                   **{f"obs/{k}": v for k, v in e.obs.items() if v.dtype.kind == "f"}}
         found = [f"{key} ({count})" for key, v in arrays.items() if (count := nonfinite_count(v))]
         if found:
