@@ -81,7 +81,8 @@ def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...
     if cameras:
         env_kwargs.update(camera_names=list(cameras), camera_heights=image_size, camera_widths=image_size,
                           camera_depths=False)
-    env = _make_env(env_name, env_kwargs, low_dim_keys)
+    # drop_idle judges rest from the joint and finger speeds, whichever keys the dataset records
+    env = _make_env(env_name, env_kwargs, tuple(dict.fromkeys(low_dim_keys + SPEED_KEYS)))
     rgb_keys = tuple(f"{c}_image" for c in cameras)
     try:
         episodes, reports = [], []
@@ -89,7 +90,7 @@ def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...
             _load_scene(env, input_path, demo, version)
             if drop_idle:
                 episode, report = _replay_without_idle(env, demo, low_dim_keys, rgb_keys)
-                episodes += [episode] if report.success else []
+                episodes += [episode] if report.success else []  # success implies at least one kept step
             else:
                 report = _replay(env, demo)
                 episodes.append(_extract(env, demo, low_dim_keys, rgb_keys))
@@ -218,19 +219,21 @@ def _replay(env, demo: RawDemo) -> ReplayReport:
 # Joint and finger speeds (rad/s, m/s) below which the robot counts as at rest: a Panda coasting after a
 # key press moves its joints at 0.05-0.5, and the rest the human Lift demos pause at is below 0.01.
 REST_SPEED = 0.02
+SPEED_KEYS = ("robot0_joint_vel", "robot0_gripper_qvel")
 
 
 def _replay_without_idle(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...],
-                         rest_speed: float = REST_SPEED) -> tuple[Episode, ReplayReport]:
+                         rest_speed: float = REST_SPEED) -> tuple[Episode | None, ReplayReport]:
     """Replay the demo's actions from the (already loaded) first state, skipping idle steps, until success.
-    The replay is the episode: observations, states and rewards are the simulator's at each executed step."""
+    The replay is the episode: observations, states and rewards are the simulator's at each executed step
+    (None, reported as no success, when every step was idle)."""
     actions = _clip(demo.actions)
     gripper_dims = env.robots[0].gripper.dof  # robosuite puts the gripper command last
     raw = env._get_observations(force_update=True)
     obs, states, kept, rewards, success = [robomimic_obs(raw, low_dim_keys, rgb_keys)], [], [], [], False
     previous_grip = actions[0, -gripper_dims:]  # teleoperation starts with the gripper as it is
     for action in actions:
-        at_rest = max(np.abs(raw["robot0_joint_vel"]).max(), np.abs(raw["robot0_gripper_qvel"]).max()) < rest_speed
+        at_rest = max(np.abs(raw[k]).max() for k in SPEED_KEYS) < rest_speed
         idle = not np.any(action[:-gripper_dims]) and np.array_equal(action[-gripper_dims:], previous_grip)
         previous_grip = action[-gripper_dims:]
         if idle and at_rest:
@@ -244,6 +247,8 @@ def _replay_without_idle(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_
             success = True
             break
     T = len(kept)
+    if not T:
+        return None, ReplayReport(demo.name, len(actions), False, float("nan"), kept_steps=0)
     episode = Episode(
         obs={k: np.stack([o[k] for o in obs]) for k in obs[0]},
         actions=np.stack(kept),

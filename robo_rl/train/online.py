@@ -116,7 +116,9 @@ class OnlineTrainer(Trainer):
         """Restart each of `env_ids` (episodes that just began at the env's reset) at a random demo state
         with probability train.demo_resets; returns the observations of all envs."""
         self.from_demo[list(env_ids)] = False
-        ids = [int(i) for i in env_ids if self.demo_starts and self.rng.random() < self.cfg.train.demo_resets]
+        if not self.demo_starts:
+            return obs
+        ids = [int(i) for i in env_ids if self.rng.random() < self.cfg.train.demo_resets]
         if not ids:
             return obs
         picks = [self.demo_starts[k] for k in self.rng.integers(len(self.demo_starts), size=len(ids))]

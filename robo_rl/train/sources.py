@@ -146,7 +146,8 @@ def demo_starts(cfg: DictConfig, spec: EnvSpec) -> list[DemoStart]:
     starts = []
     for e in episodes:
         if e.states is None:
-            raise DatasetError(f"demo {e.name} of {cfg.dataset}: no `states`, so episodes cannot start from it; "
+            raise DatasetError(f"demo {e.name} of {cfg.dataset or 'the scripted demos'}: no `states`, so episodes "
+                               "cannot start from it; "
                                "pass train.demo_resets=0 or use a dataset with MuJoCo states")
         starts += [DemoStart(e.states[t], float(e.actions[t - 1, -1])) for t in range(1, e.num_steps)]
     return starts
