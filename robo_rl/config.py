@@ -251,10 +251,14 @@ class ConvertConfig:  # conf/convert_robosuite.yaml
     image_size: int
     valid_fraction: float
     drop_idle: bool
+    track_path: bool
 
     def __post_init__(self):
         _at_least(self, 1, "image_size")
         _fractions(self, "valid_fraction")
+        if self.drop_idle and self.track_path:
+            raise ValueError("track_path=true with drop_idle=true: each records a different re-execution of the "
+                             "demos; set one of them")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Raw robosuite demos -> robomimic dataset, with a replay report per demo.
 
     python scripts/convert_robosuite.py input=RAW.hdf5 output=OUT.hdf5 \
-        cameras=[agentview,robot0_eye_in_hand] image_size=84 [drop_idle=true]
+        cameras=[agentview,robot0_eye_in_hand] image_size=84 [drop_idle=true | track_path=true]
 """
 import hydra
 from omegaconf import DictConfig
@@ -14,13 +14,14 @@ def main(cfg: DictConfig) -> None:
 
     with stop_on_bad_input():
         reports = convert_robosuite(cfg.input, cfg.output, tuple(cfg.cameras), cfg.image_size,
-                                    valid_fraction=cfg.valid_fraction, drop_idle=cfg.drop_idle)
+                                    valid_fraction=cfg.valid_fraction, drop_idle=cfg.drop_idle,
+                                    track_path=cfg.track_path)
     print(f"{'demo':<10} {'steps':>6} {'kept':>6} {'replay success':>15} {'max state divergence':>21}")
     for r in reports:
         kept = r.steps if r.kept_steps is None else r.kept_steps
         print(f"{r.demo:<10} {r.steps:>6} {kept:>6} {str(r.success):>15} {r.max_state_divergence:>21.4f}")
-    if cfg.drop_idle and (failed := [r.demo for r in reports if not r.success]):
-        print(f"left out (no success without their idle steps): {', '.join(failed)}")
+    if (cfg.drop_idle or cfg.track_path) and (failed := [r.demo for r in reports if not r.success]):
+        print(f"left out (no success when re-executed): {', '.join(failed)}")
     print(f"wrote {cfg.output}")
 
 

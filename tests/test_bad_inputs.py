@@ -200,6 +200,8 @@ CONFIGS = {
     "demos_without_expert": ("collect_demos.py", ["task=tool_hang", "output=x.hdf5"], ["task.expert=None",
                                                                                        "task=lift"]),
     "convert_without_input": ("convert_robosuite.py", ["output=x.hdf5"], ["input is required"]),
+    "convert_two_reexecutions": ("convert_robosuite.py", ["input=x.hdf5", "output=y.hdf5", "drop_idle=true",
+                                                          "track_path=true"], ["track_path=true with drop_idle=true"]),
 }
 if not torch.cuda.is_available():
     CONFIGS["cuda_without_gpu"] = ("train_qwm.py", ["device=cuda"], ["device=cuda", "no CUDA GPU", "device=cpu"])

@@ -15,6 +15,13 @@ operator thinks), and a policy cloned from it learns to wait. OpenVLA drops such
 steps at rest go, because the steps where the arm still coasts after a key press or the fingers still
 close carry the motion the demo relies on (dropping those as well, 2 of the 3 Lift demos no longer lift
 the cube). A demo whose filtered replay does not succeed is left out.
+
+`track_path=True` goes further: each demo is executed again from its first state by a proportional OSC_POSE
+tracker that follows the demo's end-effector path (position and orientation at each recorded state, a target
+2 cm ahead of the hand) and switches the gripper where the demo did, once the hand has reached that point and
+stopped; that execution is the episode. The path and the gripper timing are the human's, the actions are a
+smooth function of where the hand is, as a scripted expert's are, instead of key pulses whose timing no
+state tells (the 3 human Lift demos: 73/91/93 steps instead of 392/482/510, all still lift the cube).
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 
 import h5py
 import numpy as np
+from scipy.spatial.transform import Rotation
 
 from robo_rl.data.hdf5 import DatasetError, Episode, demo_sort_key, nonfinite_count, write_robomimic
 from robo_rl.envs.robosuite import robomimic_obs
@@ -43,8 +51,8 @@ class ReplayReport:
     demo: str
     steps: int
     success: bool  # replaying the recorded actions from the first state reaches task success
-    max_state_divergence: float  # max over steps of ||replayed state - recorded state||_2 (nan: drop_idle)
-    kept_steps: int | None = None  # drop_idle: steps of the recorded episode (None: all steps kept)
+    max_state_divergence: float  # max over steps of ||replayed state - recorded state||_2 (nan: re-executed)
+    kept_steps: int | None = None  # drop_idle, track_path: steps of the recorded episode (None: the recorded demo)
 
 
 @dataclass
@@ -59,14 +67,17 @@ class RawDemo:
 
 def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...] = (), image_size: int = 84,
                       low_dim_keys: tuple[str, ...] = LOW_DIM_KEYS, valid_fraction: float = 0.1,
-                      drop_idle: bool = False) -> list[ReplayReport]:
+                      drop_idle: bool = False, track_path: bool = False) -> list[ReplayReport]:
     """Convert a raw robosuite demo file into a robomimic dataset at `output_path`.
 
     cameras: robosuite camera names (e.g. agentview, robot0_eye_in_hand) recorded as `<camera>_image`
-    uint8 images of image_size x image_size. drop_idle: record the replay without idle steps (module
-    docstring); demos it makes fail are left out. Returns one replay report per demo. On any error no
-    output file is left behind.
+    uint8 images of image_size x image_size. drop_idle: record the replay without idle steps; track_path:
+    record a tracking controller's execution of each demo's path (module docstring). With either, demos
+    that no longer succeed are left out. Returns one replay report per demo. On any error no output file
+    is left behind.
     """
+    if drop_idle and track_path:
+        raise DatasetError("drop_idle and track_path each record a different re-execution of the demos; pick one")
     env_name, env_kwargs, version, demos = read_raw_robosuite(input_path)
     env_kwargs = {
         **env_kwargs,
@@ -81,15 +92,16 @@ def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...
     if cameras:
         env_kwargs.update(camera_names=list(cameras), camera_heights=image_size, camera_widths=image_size,
                           camera_depths=False)
-    # drop_idle judges rest from the joint and finger speeds, whichever keys the dataset records
+    # drop_idle and track_path judge rest from the joint and finger speeds, whichever keys the dataset records
     env = _make_env(env_name, env_kwargs, tuple(dict.fromkeys(low_dim_keys + SPEED_KEYS)))
     rgb_keys = tuple(f"{c}_image" for c in cameras)
     try:
         episodes, reports = [], []
         for demo in demos:
             _load_scene(env, input_path, demo, version)
-            if drop_idle:
-                episode, report = _replay_without_idle(env, demo, low_dim_keys, rgb_keys)
+            if drop_idle or track_path:
+                execute = _replay_without_idle if drop_idle else _track_path
+                episode, report = execute(env, demo, low_dim_keys, rgb_keys)
                 episodes += [episode] if report.success else []  # success implies at least one kept step
             else:
                 report = _replay(env, demo)
@@ -98,8 +110,9 @@ def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...
     finally:
         env.close()
     if not episodes:
-        raise DatasetError(f"{input_path}: no demo still succeeds when replayed without its idle steps; "
-                           "convert it without drop_idle")
+        how = "without its idle steps" if drop_idle else "by tracking its path"
+        raise DatasetError(f"{input_path}: no demo still succeeds when re-executed {how}; convert it without "
+                           f"{'drop_idle' if drop_idle else 'track_path'}")
     env_args = {"env_name": env_name, "type": ROBOSUITE_ENV_TYPE, "env_kwargs": env_kwargs}
     write_robomimic(output_path, episodes, env_args, valid_fraction,
                     attrs={"source_file": os.path.basename(input_path), "source_robosuite_version": version})
@@ -225,40 +238,116 @@ SPEED_KEYS = ("robot0_joint_vel", "robot0_gripper_qvel")
 def _replay_without_idle(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...],
                          rest_speed: float = REST_SPEED) -> tuple[Episode | None, ReplayReport]:
     """Replay the demo's actions from the (already loaded) first state, skipping idle steps, until success.
-    The replay is the episode: observations, states and rewards are the simulator's at each executed step
-    (None, reported as no success, when every step was idle)."""
+    The replay is the episode (None, reported as no success, when every step was idle)."""
     actions = _clip(demo.actions)
     gripper_dims = env.robots[0].gripper.dof  # robosuite puts the gripper command last
-    raw = env._get_observations(force_update=True)
-    obs, states, kept, rewards, success = [robomimic_obs(raw, low_dim_keys, rgb_keys)], [], [], [], False
+    run = _Recording(env, low_dim_keys, rgb_keys)
     previous_grip = actions[0, -gripper_dims:]  # teleoperation starts with the gripper as it is
     for action in actions:
-        at_rest = max(np.abs(raw[k]).max() for k in SPEED_KEYS) < rest_speed
         idle = not np.any(action[:-gripper_dims]) and np.array_equal(action[-gripper_dims:], previous_grip)
         previous_grip = action[-gripper_dims:]
-        if idle and at_rest:
+        if idle and run.at_rest(rest_speed):
             continue
-        states.append(env.sim.get_state().flatten())
-        raw = env.step(action)[0]
-        obs.append(robomimic_obs(raw, low_dim_keys, rgb_keys))
-        kept.append(action)
-        rewards.append(env.reward())
-        if env._check_success():
-            success = True
+        if run.step(action):
             break
-    T = len(kept)
-    if not T:
-        return None, ReplayReport(demo.name, len(actions), False, float("nan"), kept_steps=0)
-    episode = Episode(
-        obs={k: np.stack([o[k] for o in obs]) for k in obs[0]},
-        actions=np.stack(kept),
-        rewards=np.asarray(rewards, np.float32),
-        terminals=np.arange(T) == T - 1,  # success ends the replay; else the last step ends the demo
-        states=np.stack(states),
-        model_file=demo.model_file,
-        name=demo.name,
-    )
-    return episode, ReplayReport(demo.name, len(actions), success, float("nan"), kept_steps=T)
+    return run.episode(demo), ReplayReport(demo.name, len(actions), run.success, float("nan"), kept_steps=run.steps)
+
+
+# Path tracking: the target is the first point of the demo's end-effector path farther than this from the hand,
+# so the hand moves ~5 mm per control step (measured on the human Lift demos; a key pulse moves it 6 mm, then
+# it coasts for tens of steps).
+TRACK_LOOKAHEAD = 0.02  # m
+GRIP_REACH = 0.004  # m: the hand is this close to where the demo switched the gripper before it switches
+GRIP_SETTLE_SPEED = 0.05  # joint/finger speed below which the hand counts as stopped there
+GRIP_HOLD_STEPS = 8  # control steps held still after a switch while the fingers close or open
+
+
+def _track_path(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...],
+                lookahead: float = TRACK_LOOKAHEAD) -> tuple[Episode | None, ReplayReport]:
+    """Follow the demo's end-effector path (position and orientation at each recorded state) from its first
+    state with a proportional OSC_POSE tracker, switching the gripper command where the demo switched it once
+    the hand has reached that point and stopped, until success or the demo's own length. The tracked
+    execution is the episode; its actions are a smooth function of where the hand is on the path."""
+    actions = _clip(demo.actions)
+    controller = env.robots[0].controller
+    if controller.name != "OSC_POSE" or not controller.use_delta:
+        raise DatasetError(f"data/{demo.name}: track_path drives the OSC_POSE controller with delta actions; these "
+                           f"demos use {controller.name} (delta={controller.use_delta}); convert without track_path")
+    # action units per metre / radian: OSC_POSE scales its input range onto its output range of motion per step
+    gain = np.abs(controller.input_max - controller.input_min) / np.abs(controller.output_max - controller.output_min)
+    gripper_dims = env.robots[0].gripper.dof
+    path = [_eef_pose(_set_state(env, s)) for s in demo.states]
+    grip = actions[:, -gripper_dims:]
+    switches = [t for t in range(1, len(grip)) if not np.array_equal(grip[t], grip[t - 1])] + [len(path) - 1]
+    _set_state(env, demo.states[0])
+    run = _Recording(env, low_dim_keys, rgb_keys)
+    target, segment, command, hold = 0, 0, grip[0], 0
+    while run.steps < len(actions):
+        position, rotation = _eef_pose(run.raw)
+        end = switches[segment]  # the target does not pass the next gripper switch
+        while target < end and np.linalg.norm(path[target][0] - position) < lookahead:
+            target += 1
+        action = np.zeros(actions.shape[1], np.float32)
+        goal_position, goal_rotation = path[target]
+        action[:3] = goal_position - position
+        action[3:6] = (goal_rotation * rotation.inv()).as_rotvec()  # OSC_POSE applies it in the world frame
+        action[:6] = np.clip(action[:6] * gain, -1.0, 1.0)
+        if (target == end < len(path) - 1 and np.linalg.norm(goal_position - position) < GRIP_REACH
+                and run.at_rest(GRIP_SETTLE_SPEED)):
+            command, segment, hold = grip[end], segment + 1, GRIP_HOLD_STEPS
+        if hold:
+            action[:6], hold = 0.0, hold - 1
+        action[6:] = command
+        if run.step(action):
+            break
+    return run.episode(demo), ReplayReport(demo.name, len(actions), run.success, float("nan"), kept_steps=run.steps)
+
+
+def _eef_pose(raw: dict) -> tuple[np.ndarray, Rotation]:
+    return raw["robot0_eef_pos"].copy(), Rotation.from_quat(raw["robot0_eef_quat"])  # robosuite quats are xyzw
+
+
+class _Recording:
+    """Real simulator steps from the env's current state, recorded as executed, until success."""
+
+    def __init__(self, env, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...]):
+        self.env, self.keys = env, (low_dim_keys, rgb_keys)
+        self.raw = env._get_observations(force_update=True)
+        self.obs, self.states, self.actions, self.rewards = [robomimic_obs(self.raw, *self.keys)], [], [], []
+        self.success = False
+
+    @property
+    def steps(self) -> int:
+        return len(self.actions)
+
+    def at_rest(self, speed: float) -> bool:
+        """Every joint and finger moves slower than `speed` (rad/s, m/s)."""
+        return max(np.abs(self.raw[k]).max() for k in SPEED_KEYS) < speed
+
+    def step(self, action: np.ndarray) -> bool:
+        """Execute and record one action; True once the task succeeds."""
+        self.states.append(self.env.sim.get_state().flatten())
+        self.raw = self.env.step(action)[0]
+        self.obs.append(robomimic_obs(self.raw, *self.keys))
+        self.actions.append(action)
+        self.rewards.append(self.env.reward())
+        self.success = bool(self.env._check_success())
+        return self.success
+
+    def episode(self, demo: RawDemo) -> Episode | None:
+        """The recorded steps as an episode that ends at its last step (None without steps)."""
+        T = self.steps
+        if not T:
+            return None
+        return Episode(
+            obs={k: np.stack([o[k] for o in self.obs]) for k in self.obs[0]},
+            actions=np.stack(self.actions),
+            rewards=np.asarray(self.rewards, np.float32),
+            terminals=np.arange(T) == T - 1,  # success ends the recording; else the last step ends the demo
+            states=np.stack(self.states),
+            model_file=demo.model_file,
+            name=demo.name,
+        )
 
 
 def _extract(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...]) -> Episode:
