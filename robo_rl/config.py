@@ -81,9 +81,13 @@ class EnvConfig:
     step_timeout: float
     runners: int = 2  # backend=ray: Ray actors the envs are spread over (env i in runner i mod runners)
     runner_cpus: float = 1.0  # backend=ray: CPUs each runner reserves, so Ray places runners on free cores
+    inline_envs: int = 0  # backend=subprocess: envs stepped in the main process while the workers step
 
     def __post_init__(self):
         _at_least(self, 1, "num_envs", "image_size", "runners")
+        _at_least(self, 0, "inline_envs")
+        if self.inline_envs > self.num_envs:
+            raise ValueError(f"inline_envs={self.inline_envs}: at most num_envs={self.num_envs}")
         if not self.runner_cpus > 0:
             raise ValueError(f"runner_cpus={self.runner_cpus}: must be > 0")
         _at_least(self, 0, "render_size")

@@ -184,6 +184,7 @@ CONFIGS = {
     "added_unknown_agent_key": ("train_qwm.py", ["+agent.q_wieght=5"], ["unknown key agent.q_wieght",
                                                                         "agent.q_weight?"]),
     "no_envs": ("train_qwm.py", ["env.num_envs=0"], ["env.num_envs=0: must be >= 1"]),
+    "inline_envs_over_num_envs": ("train_qwm.py", ["env.inline_envs=9"], ["env.inline_envs=9: at most num_envs"]),
     "checkpoint_every_0": ("train_qwm.py", ["budget.checkpoint_every=0"], ["budget.checkpoint_every=0: must be >= 1"]),
     "batch_size_0": ("train_qwm.py", ["budget.batch_size=0"], ["budget.batch_size=0: must be >= 1"]),
     "negative_online_steps": ("train_qwm.py", ["budget.online_steps=-5"], ["budget.online_steps=-5: must be >= 0"]),

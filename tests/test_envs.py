@@ -62,6 +62,22 @@ def test_killed_worker_is_replaced(lift_spec):
         assert result.obs["object"].shape == (2, 10) and not result.truncated.any()
 
 
+def test_an_inline_env_steps_as_its_worker_would(lift_spec):
+    spec = dataclasses.replace(lift_spec, horizon=4)  # auto-resets within the run
+    actions = np.random.default_rng(0).uniform(-1, 1, (6, 2, 7))
+    runs = []
+    for inline in (0, 1):
+        with VecEnv(spec, 2, workers="subprocess", inline_envs=inline) as env:
+            assert len(env.pids) == 2 - inline  # env 0 steps in this process
+            steps = [env.reset(seed=5)["object"]]
+            for a in actions:
+                result = env.step(a)
+                steps += [result.obs["object"], result.next_obs["object"], result.truncated]
+            runs.append(steps)
+    for with_workers, with_inline in zip(*runs):
+        torch.testing.assert_close(with_inline, with_workers, rtol=0, atol=0)
+
+
 def test_non_finite_actions_never_reach_the_simulator(lift_spec):
     with VecEnv(lift_spec, 1, workers="sync") as env:
         env.reset(seed=0)

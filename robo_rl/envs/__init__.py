@@ -46,4 +46,6 @@ def make_vec_env(cfg: DictConfig, num_envs: int | None = None, render: bool = Fa
 
         return RayVecEnv(spec, num_envs, cfg.env.runners, cfg.env.runner_cpus,
                          autoreset=autoreset, step_timeout=cfg.env.step_timeout)
-    return VecEnv(spec, num_envs, workers=cfg.env.backend, autoreset=autoreset, step_timeout=cfg.env.step_timeout)
+    inline = min(cfg.env.inline_envs, num_envs) if cfg.env.backend == "subprocess" else 0
+    return VecEnv(spec, num_envs, workers=cfg.env.backend, autoreset=autoreset, step_timeout=cfg.env.step_timeout,
+                  inline_envs=inline)
