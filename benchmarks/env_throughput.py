@@ -36,13 +36,12 @@ workers, per-process CPU time (psutil) and run-queue delay (/proc/PID/schedstat)
               step) did not change the wall time per step beyond the noise.
   run queue   each worker waits 6-8 ms per step for a core (the main process 1.3-3 ms): under this load the
               two workers get about one core between them and vector_speedup measured 0.87 (best of 3 rounds).
-On the idle machine (2026-12-03, load 1.7) the same run measured the ceiling: 2 independent processes, each
-stepping its own env, reach 1.97x one env, while the VecEnv reached 1.41x, 71% of it. So the 2 cores are real
+On the idle machine (2026-12-03, load 0.7-1.1) the same run measured the ceiling: 2 independent processes, each
+stepping its own env, reach 2.01x one env, while the VecEnv reached 1.45x, 72% of it. So the 2 cores are real
 cores and the loss is the lockstep itself: the main process sleeps through every step (its core idle while a
 worker could not use it) and its own share (send, wake-up, receive, stack) lies on each step's critical path.
 Stepping env 0 in the main process after sending the workers their actions (VecEnv(inline_envs=1),
-env.inline_envs=1) fills that core: 1.70x (1 worker + 1 inline env; 1.12-1.21x the 2-worker VecEnv in three
-interleaved rounds of a scratch A/B). An inline env is not restarted if it crashes, so it is opt-in.
+env.inline_envs=1) fills that core: 1.72x (`vector_inline_speedup`; 1 worker + 1 inline env). An inline env is not restarted if it crashes, so it is opt-in.
 
 --images adds 84x84 agentview observations (not to the raw mj_step loop).
 A measurement stops after --steps control steps or --max-seconds, whichever comes first (MuJoCo Warp

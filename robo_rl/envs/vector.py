@@ -211,7 +211,7 @@ class VecEnv:
     their actions and while they step. Waiting on B workers leaves this process's core idle for the whole
     step; with B = cores it is the core a worker needs, and the main process's share of every step (sending,
     receiving, stacking) lies on the step's critical path. Measured (benchmarks/env_throughput.py, Lift,
-    2 envs on 2 cores): 2 workers 1.41x one env, 1 worker + 1 inline env 1.70x, 2 independent processes 1.97x.
+    2 envs on 2 cores): 2 workers 1.45x one env, 1 worker + 1 inline env 1.72x, 2 independent processes 2.01x.
     The price: an inline env that crashes takes the run down with it, since only worker processes are replaced.
     """
 
