@@ -1,4 +1,4 @@
-"""WarpVecEnv (MuJoCo Warp, Warp's CPU device) against robosuite's own CPU env.
+"""WarpVecEnv (MuJoCo Warp on Warp's CPU device; one test on CUDA where a GPU is present) against robosuite's own CPU env.
 
 Kernel compilation is cached on disk (~/.cache/robo_rl/warp); a cold cache costs ~1.5-2.5 min once
 (2 busy cores). All tests but the slow PickPlaceCan one use the Lift scene, so one model is compiled.
@@ -50,6 +50,10 @@ def rs():
 
 @pytest.fixture(scope="module")
 def expert_rollout(env):
+    return run_expert(env)
+
+
+def run_expert(env: WarpVecEnv):
     """Envs 0..B-2 run the scripted expert, env B-1 holds still (so it is truncated at the horizon);
     the StepResults of `horizon` steps from a seeded reset (auto-reset on)."""
     obs = env.reset(seed=SEED)
@@ -142,6 +146,26 @@ def test_scripted_expert_succeeds_as_on_robosuite(expert_rollout, rs):
         assert first_success[i] is not None, f"env {i}: the expert never lifted the cube (robosuite: {length} steps)"
         assert abs(first_success[i] - length) <= 3, f"env {i}: {first_success[i]} steps vs robosuite {length}"
     assert first_success[-1] is None  # the idle env never lifts the cube
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device=cuda: needs a CUDA GPU")
+def test_on_cuda_the_expert_succeeds_in_the_steps_it_takes_on_the_cpu(expert_rollout):
+    env = WarpVecEnv(LIFT, NUM_ENVS, device="cuda")
+    try:
+        first_obs, steps = run_expert(env)
+    finally:
+        env.close()
+    assert first_obs["object"].device.type == steps[-1].reward.device.type == "cuda"
+    torch.testing.assert_close(first_obs["object"].cpu(), expert_rollout[0]["object"], rtol=0, atol=1e-5)
+
+    def first_success(rollout) -> list[int | None]:
+        success = torch.stack([r.success.cpu() for r in rollout])  # [T, B]
+        return [int(success[:, i].nonzero()[0]) if success[:, i].any() else None for i in range(NUM_ENVS)]
+
+    on_cpu, on_cuda = first_success(expert_rollout[1]), first_success(steps)
+    assert on_cuda[-1] is None  # the idle env
+    for i in range(NUM_ENVS - 1):  # float arithmetic differs between devices: a step or two either way
+        assert on_cuda[i] is not None and abs(on_cuda[i] - on_cpu[i]) <= 3, (on_cpu, on_cuda)
 
 
 def test_episodes_end_and_autoreset_like_the_subprocess_vecenv(env, expert_rollout, rs):
