@@ -104,7 +104,9 @@ def raw_mj_step_rate(spec: EnvSpec, steps: int, max_seconds: float) -> float:
     return timed_rate(step, 1, steps, max_seconds)
 
 
-def single_env_rate(spec: EnvSpec, steps: int, max_seconds: float) -> float:
+def random_stepping_env(spec: EnvSpec):
+    """(env, step): one RobosuiteEnv in this process and a call that steps it with a random action
+    (resetting at the episode's end)."""
     from robo_rl.envs.robosuite import RobosuiteEnv
 
     env = RobosuiteEnv(spec)
@@ -116,23 +118,18 @@ def single_env_rate(spec: EnvSpec, steps: int, max_seconds: float) -> float:
         if terminated or truncated:
             env.reset()
 
+    return env, step
+
+
+def single_env_rate(spec: EnvSpec, steps: int, max_seconds: float) -> float:
+    env, step = random_stepping_env(spec)
     rate = timed_rate(step, 1, steps, max_seconds)
     env.close()
     return rate
 
 
 def _independent_worker(spec: EnvSpec, steps: int, max_seconds: float, start, rates) -> None:
-    from robo_rl.envs.robosuite import RobosuiteEnv
-
-    env = RobosuiteEnv(spec)
-    env.reset(seed=0)
-    rng = np.random.default_rng(0)
-
-    def step():
-        _, _, terminated, truncated, _ = env.step(random_actions(1, rng)[0])
-        if terminated or truncated:
-            env.reset()
-
+    env, step = random_stepping_env(spec)
     for _ in range(2):
         step()
     start.wait()  # every process starts timing together

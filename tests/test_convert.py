@@ -59,16 +59,24 @@ def test_fixture_converts_to_robomimic_lift(converted):
         assert 0.0 < r.max_state_divergence < 5.0  # measured 0.09 / 1.02 / 0.45: human demos replay closely
 
 
+def reexecuted(tmp_path, converted, **how) -> list:
+    """(re-executed episode, recorded episode, report) per fixture demo, converted with `how`; each
+    re-execution succeeded and ends there, its last step the only terminal."""
+    out = tmp_path / "lift_reexecuted.hdf5"
+    reports = convert_robosuite(str(LIFT), str(out), **how)
+    assert [r.success for r in reports] == [True, True, True]
+    triples = list(zip(read_hdf5(out, action_dim=7).episodes, read_hdf5(converted[0], action_dim=7).episodes, reports))
+    for e, _, r in triples:
+        assert r.kept_steps == e.num_steps
+        assert e.rewards[-1] == 1.0 and e.terminals[-1] and e.terminals.sum() == 1  # the execution stops at success
+    return triples
+
+
 @needs_fixture
 def test_drop_idle_keeps_the_moving_steps_and_each_demo_still_lifts(tmp_path, converted):
-    out = tmp_path / "lift_active.hdf5"
-    reports = convert_robosuite(str(LIFT), str(out), drop_idle=True)
-    assert [r.success for r in reports] == [True, True, True]
-    full = read_hdf5(converted[0], action_dim=7).episodes
-    for e, f, r in zip(read_hdf5(out, action_dim=7).episodes, full, reports):
+    for e, f, _ in reexecuted(tmp_path, converted, drop_idle=True):
         T = e.num_steps
-        assert r.kept_steps == T < 0.7 * f.num_steps  # measured 240 of 482, 248 of 510, 128 of 392
-        assert e.rewards[-1] == 1.0 and e.terminals[-1] and e.terminals.sum() == 1  # the replay stops at success
+        assert T < 0.7 * f.num_steps  # measured 240 of 482, 248 of 510, 128 of 392
         # obs[t] is the observation at states[t] (cube position = qpos[9:12]); robosuite samples env.step's
         # observation within the control period, so it trails the state by up to 2.2 mm while the cube settles
         np.testing.assert_allclose(e.obs["object"][:T, :3], e.states[:, 10:13], atol=3e-3)
@@ -80,14 +88,8 @@ def test_drop_idle_keeps_the_moving_steps_and_each_demo_still_lifts(tmp_path, co
 
 @needs_fixture
 def test_track_path_reexecutes_each_demo_smoothly_and_it_still_lifts(tmp_path, converted):
-    out = tmp_path / "lift_tracked.hdf5"
-    reports = convert_robosuite(str(LIFT), str(out), track_path=True)
-    assert [r.success for r in reports] == [True, True, True]
-    full = read_hdf5(converted[0], action_dim=7).episodes
-    for e, f, r in zip(read_hdf5(out, action_dim=7).episodes, full, reports):
-        T = e.num_steps
-        assert r.kept_steps == T < 0.3 * f.num_steps  # measured 93 of 482, 91 of 510, 73 of 392
-        assert e.rewards[-1] == 1.0 and e.terminals[-1] and e.terminals.sum() == 1
+    for e, f, _ in reexecuted(tmp_path, converted, track_path=True):
+        assert e.num_steps < 0.3 * f.num_steps  # measured 93 of 482, 91 of 510, 73 of 392
         assert np.abs(e.obs["robot0_eef_pos"][0] - f.obs["robot0_eef_pos"][0]).max() < 1e-6  # the demo's start
         np.testing.assert_array_equal(e.states[0], f.states[0])
         # smooth: a step's motion command changes little from the last one, where a key pulse changes it by
