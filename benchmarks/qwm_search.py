@@ -6,7 +6,7 @@ robo_rl's own nets at paper size with random weights (latency does not depend on
   model   LatentWorldModel: 8 dynamics heads 3x256 and a reward head; latent 128, action 7
 
   search_ms        QWMPlanner.plan at the defaults (N = K = N_leaf = 8, D = 2, J = 1), all 16 envs;
-                   precision "auto" = bfloat16 autocast where native (AMX CPUs, CUDA), else fp32
+                   precision "auto" = bfloat16 autocast where native (AMX or AVX512-BF16 CPUs, CUDA), else fp32
                    (JSON `precision` says which ran)
   search_ms_d4     the same at D = 4
   policy_only_ms   one policy sample per env: the cost of acting without search

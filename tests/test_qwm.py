@@ -97,7 +97,7 @@ class InputSeededPolicy:
 )
 def test_batched_search_equals_reference_tree_walk(depth, beam, with_heads):
     torch.manual_seed(depth * 10 + beam)
-    # fp32: the reference walk runs without autocast (precision="auto" is bf16 on AMX CPUs)
+    # fp32: the reference walk runs without autocast (precision="auto" is bf16 on AMX and AVX512-BF16 CPUs)
     cfg = QWMConfig(num_actions=4, num_samples=3, depth=depth, beam=beam, leaf_actions=3, lam=0.5, precision="fp32")
     pi = InputSeededPolicy()
     critic = nn.Sequential(nn.Linear(LATENT + ACTION, 32), nn.Tanh(), nn.Linear(32, 1))

