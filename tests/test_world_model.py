@@ -98,6 +98,30 @@ def test_consistency_is_each_heads_own_rollout_against_the_real_next_latents():
     assert metrics["consistency"] == pytest.approx(expected.item(), rel=1e-5)
 
 
+def test_in_training_each_head_learns_from_its_own_share_of_the_sequences():
+    """split_batch: head e's consistency is its own rollout on its own disjoint B/E sequences."""
+    model = LatentWorldModel(LATENT, ACTION, num_heads=4, hidden_dim=16, bootstrap=False).train()
+    encoder = nn.Linear(5, LATENT)
+    encode = lambda obs: encoder(obs["state"])  # noqa: E731
+    seq, horizon = random_sequences(10, 3), 3
+    torch.manual_seed(3)
+    rows = model._head_rows(10, torch.device("cpu"))
+    assert rows.shape == (4, 2) and len(set(rows.flatten().tolist())) == 8  # 10 // 4 each, none shared
+    torch.manual_seed(3)
+    with torch.no_grad():
+        _, metrics = model.loss(encode, seq)
+        z_real = encoder(seq["obs"]["state"])  # [B, H+1, Z]
+        expected = 0.0
+        for head in range(model.num_heads):
+            mine = rows[head]
+            z = z_real[mine, 0]
+            for t in range(horizon):
+                z = model.dynamics(z, seq["action"][mine, t])[head]
+                expected += model.rho**t * (z - z_real[mine, t + 1]).pow(2).mean() / (horizon * model.num_heads)
+    assert metrics["consistency"] == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.equal(model.eval()._head_rows(10, torch.device("cpu"))[2], torch.arange(10))  # eval: all of them
+
+
 def test_steps_after_a_terminal_do_not_count():
     model = LatentWorldModel(LATENT, ACTION, hidden_dim=16, reward=True).eval()
     encoder = nn.Linear(5, LATENT)
