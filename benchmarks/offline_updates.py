@@ -3,6 +3,9 @@
 Variants: the default 10-head critic and SORL's 2-head critic (actor and critic 4x512 MLPs,
 19-D state obs, 7-D actions). Rounds of the variants are interleaved and the best round is the
 headline (other processes only ever slow a round down); the median is reported beside it.
+With the world model: the same 10-head update plus the world model's loss on 256 sequences of 3 steps
+(8 dynamics heads 3x256), each head on its own 1/8 of them (split_batch, the default) against every head on
+every sequence (world_model_split_speedup).
 Baseline in the same run: one critic training step (10 heads, fwd + bwd + Adam) with the stacked
 ensemble layer against the same heads as a Python loop over separate MLPs.
 Anchor measured earlier on this machine: SORL's own JAX code, same nets, 2-head critic: 5.2-5.5
@@ -27,6 +30,7 @@ import torch
 from torch import nn
 
 from robo_rl.agents.sorl import SORLAgent, SORLConfig
+from robo_rl.agents.world_model import WorldModelConfig
 from robo_rl.nets.mlp import EnsembleMLP, mlp
 
 LIFT_OBS = {"object": (10,), "robot0_eef_pos": (3,), "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,)}
@@ -45,6 +49,16 @@ def synthetic_batch() -> dict:
         "reward": torch.rand(BATCH),
         "discount": torch.full((BATCH,), 0.99),
         "offline": torch.ones(BATCH, dtype=torch.bool),
+    }
+
+
+def synthetic_sequences(horizon: int = 3) -> dict:
+    """World-model sub-trajectories of BATCH sequences: obs [B, H+1, ...], action [B, H, A]."""
+    return {
+        "obs": {k: torch.randn(BATCH, horizon + 1, *shape) for k, shape in LIFT_OBS.items()},
+        "action": torch.rand(BATCH, horizon, ACTION_DIM) * 2 - 1,
+        "reward": torch.zeros(BATCH, horizon),
+        "terminal": torch.zeros(BATCH, horizon, dtype=torch.bool),
     }
 
 
@@ -89,6 +103,14 @@ def main() -> None:
             variants[f"SORLAgent.update, {heads} heads{', compiled' if compiled else ''}"] = (
                 lambda agent=agent: agent.update(batch)
             )
+    # The update the online loop runs: + the world model's loss on sequences (8 heads), split_batch (each head
+    # its own 1/8 of the sequences, the default) against every head on every sequence.
+    sequences = synthetic_sequences()
+    for split in (True, False):
+        config = SORLConfig(world_model=WorldModelConfig(split_batch=split))
+        agent = SORLAgent(LIFT_OBS, ACTION_DIM, config=config)
+        variants[f"+ world model, {'split' if split else 'every head all'} seqs"] = (
+            lambda agent=agent: agent.update(batch, sequences))
     stacked = EnsembleMLP(10, 256 + ACTION_DIM, (512,) * 4, 1)
     loop = nn.ModuleList(mlp(256 + ACTION_DIM, (512,) * 4, 1) for _ in range(10))
     variants["critic step, stacked ensemble"] = critic_step(stacked, stacked)
@@ -113,6 +135,8 @@ def main() -> None:
     stacked_speedup = best["critic step, stacked ensemble"] / best["critic step, per-head loop"]
     print(f"2-head updates/s vs SORL JAX anchor {SORL_JAX_ANCHOR}: {two_head / SORL_JAX_ANCHOR:.2f}x")
     print(f"stacked ensemble vs per-head loop (same run): {stacked_speedup:.2f}x")
+    print(f"with the world model, split vs every head on every sequence: "
+          f"{best['+ world model, split seqs'] / best['+ world model, every head all seqs']:.2f}x")
 
     results = {
         "updates_per_s": best["SORLAgent.update, 10 heads"],
@@ -121,6 +145,9 @@ def main() -> None:
         "updates_per_s_2head_median": statistics.median(rounds["SORLAgent.update, 2 heads"]),
         "ratio_2head_vs_sorl_jax_anchor": two_head / SORL_JAX_ANCHOR,
         "stacked_vs_loop_critic_step": stacked_speedup,
+        "updates_per_s_world_model": best["+ world model, split seqs"],
+        "updates_per_s_world_model_unsplit": best["+ world model, every head all seqs"],
+        "world_model_split_speedup": best["+ world model, split seqs"] / best["+ world model, every head all seqs"],
         "rounds": rounds,
         "load_average": [load_before, load_after],
         "threads": torch.get_num_threads(),
