@@ -34,6 +34,12 @@ Under that load Ray runners were faster than subprocess workers (ray_vs_subproce
 worker waited 6-8 ms per step for a core, a Ray runner 2-3.5 ms (schedstat; why is not found: Ray runs its
 workers at nice +4, and so renicing subprocess workers did not close the gap). Ray's overhead proper shows
 only on an idle machine.
+Tried and not kept (2026-12-04, Zen 4 machine, idle): Ray Compiled Graphs (`experimental_compile` of the
+runners' `run` over one InputNode): an echo round trip over 2 actors took 0.21 ms instead of 1.17 ms, yet
+stepping the 2 Lift envs fell from 128 to 88 steps/s (two interleaved rounds): the compiled graph's actors
+wait for their input by polling a shared-memory channel, which takes a core from the envs on 2 cores.
+The same day: ray_vs_subprocess 0.76 at 2 envs, 0.81 at 4, 1.14 at 8 (8 subprocess workers on 2 cores
+lose more to switching than Ray's 2 runners of 4 envs each lose to Ray).
 """
 from __future__ import annotations
 
