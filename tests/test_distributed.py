@@ -13,7 +13,9 @@ from test_sorl_agent import ACTION_DIM, LIFT_SHAPES, small_config, synthetic_bat
 from robo_rl.agents.sorl import SORLAgent
 from robo_rl.utils import distributed
 
-B, H = 6, 3  # rows per rank: a multiple of log2(flow_steps) = 3, so self-consistency's step sizes per row match
+# Rows per rank: a multiple of log2(flow_steps) = 3, so self-consistency's step sizes per row match, and of
+# the world model's 8 heads, so each head's share of the sequences (split_batch) is the same rows as in one process.
+B, H = 24, 3
 
 
 def fix_randomness(mp: pytest.MonkeyPatch) -> None:
@@ -85,11 +87,14 @@ def test_two_gloo_ranks_make_the_update_of_one_process_on_both_batches(tmp_path,
     fix_randomness(monkeypatch)
     reference.update(*batches(2 * B))
 
-    # Adam's first step is ~lr * sign(grad): an element whose gradient is ~eps moves by what the summation
-    # order leaves of it (seen: 1e-6 on 1 of 80k weights); without the gradient average ranks differ by ~lr.
+    # Adam's first step is ~lr * grad / (|grad| + eps): an element whose gradient is ~eps moves by what the
+    # summation order leaves of it (seen: 1e-6 on 1 of 80k weights, 1.8e-5 on 2 of 524k), so a few may differ.
+    # Without the gradient average, or with heads given other rows than in one process, ranks differ by ~lr
+    # in most elements.
     changed = 0
     for name, value in reference.state_dict().items():
         assert torch.equal(ranks[0][name], ranks[1][name]), f"ranks differ in {name}"
-        torch.testing.assert_close(ranks[0][name], value, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        far = ~torch.isclose(ranks[0][name], value, rtol=1e-5, atol=1e-5)
+        assert far.sum() <= max(2, 1e-5 * value.numel()), f"{name}: {int(far.sum())} of {value.numel()} differ"
         changed += not torch.equal(value, before[name])
     assert changed > 20  # the update moved the encoder, policy, critic and world model (and their targets)

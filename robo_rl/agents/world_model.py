@@ -210,10 +210,13 @@ class LatentWorldModel(nn.Module):
 
     def _head_rows(self, batch: int, device: torch.device) -> Tensor:
         """Which of `batch` sequences each head trains on, [E, M]: all of them (M = batch), or in training
-        with split_batch a random 1/E each, disjoint (M = batch // E; the remainder sits out this update)."""
+        with split_batch a random 1/E each, disjoint (M = batch // E; the remainder sits out this update).
+        Dealt out in turn (head e: shuffled positions e, e+E, ...), so data-parallel ranks whose batches are
+        multiples of E split their concatenation as one process would."""
         if self.split_batch and self.training and batch >= self.num_heads:
             per_head = batch // self.num_heads
-            return torch.randperm(batch, device=device)[: per_head * self.num_heads].view(self.num_heads, per_head)
+            dealt = torch.randperm(batch, device=device)[: per_head * self.num_heads]
+            return rearrange(dealt, "(m e) -> e m", e=self.num_heads)
         return torch.arange(batch, device=device).expand(self.num_heads, batch)
 
     # -- input checks ------------------------------------------------------------------------------
