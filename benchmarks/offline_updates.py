@@ -4,7 +4,7 @@ Variants: the default 10-head critic and SORL's 2-head critic (actor and critic 
 19-D state obs, 7-D actions). Rounds of the variants are interleaved and the best round is the
 headline (other processes only ever slow a round down); the median is reported beside it.
 With the world model: the same 10-head update plus the world model's loss on 256 sequences of 3 steps
-(8 dynamics heads 3x256), each head on its own 1/8 of them (split_batch, the default) against every head on
+(8 dynamics heads 3x256), each head on its own 1/8 of them (split_batch, off by default) against every head on
 every sequence (world_model_split_speedup).
 Baseline in the same run: one critic training step (10 heads, fwd + bwd + Adam) with the stacked
 ensemble layer against the same heads as a Python loop over separate MLPs.
@@ -104,7 +104,7 @@ def main() -> None:
                 lambda agent=agent: agent.update(batch)
             )
     # The update the online loop runs: + the world model's loss on sequences (8 heads), split_batch (each head
-    # its own 1/8 of the sequences, the default) against every head on every sequence.
+    # its own 1/8 of the sequences) against every head on every sequence (the default).
     sequences = synthetic_sequences()
     for split in (True, False):
         config = SORLConfig(world_model=WorldModelConfig(split_batch=split))

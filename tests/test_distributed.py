@@ -11,6 +11,7 @@ import torch.multiprocessing as tmp
 from test_sorl_agent import ACTION_DIM, LIFT_SHAPES, small_config, synthetic_batch
 
 from robo_rl.agents.sorl import SORLAgent
+from robo_rl.agents.world_model import WorldModelConfig
 from robo_rl.utils import distributed
 
 # Rows per rank: a multiple of log2(flow_steps) = 3, so self-consistency's step sizes per row match, and of
@@ -62,7 +63,7 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
     assert distributed.init_from_env("cpu") == (rank, world)
     with pytest.MonkeyPatch.context() as mp:
         torch.manual_seed(rank)  # different initial weights: rank 0's must reach every rank
-        agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config())
+        agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config(world_model=WorldModelConfig(split_batch=True)))
         distributed.broadcast_module_(agent)
         fix_randomness(mp)
         batch, seq = batches(world * B)
@@ -82,7 +83,7 @@ def test_two_gloo_ranks_make_the_update_of_one_process_on_both_batches(tmp_path,
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 
     torch.manual_seed(0)
-    reference = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config())
+    reference = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config(world_model=WorldModelConfig(split_batch=True)))
     before = {k: v.clone() for k, v in reference.state_dict().items()}
     fix_randomness(monkeypatch)
     reference.update(*batches(2 * B))

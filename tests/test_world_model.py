@@ -100,7 +100,7 @@ def test_consistency_is_each_heads_own_rollout_against_the_real_next_latents():
 
 def test_in_training_each_head_learns_from_its_own_share_of_the_sequences():
     """split_batch: head e's consistency is its own rollout on its own disjoint B/E sequences."""
-    model = LatentWorldModel(LATENT, ACTION, num_heads=4, hidden_dim=16, bootstrap=False).train()
+    model = LatentWorldModel(LATENT, ACTION, num_heads=4, hidden_dim=16, bootstrap=False, split_batch=True).train()
     encoder = nn.Linear(5, LATENT)
     encode = lambda obs: encoder(obs["state"])  # noqa: E731
     seq, horizon = random_sequences(10, 3), 3
