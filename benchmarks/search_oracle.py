@@ -8,7 +8,11 @@ executed from the restored MuJoCo state and the policy finishes the episode, R t
                  policy (a random candidate: the policy's own sample), best_of_n (argmax of the
                  critic, depth 0), tree_value (argmax of QWM's model-based value), qwm (the
                  planner's pick), oracle (the best candidate by its measured value; an upper bound,
-                 optimistic by the noise of R rollouts)
+                 optimistic by the noise of R rollouts), oracle_cv (R >= 2: picked by half the rollouts,
+                 valued on the other half, so without that optimism)
+  candidate_spread  (R >= 2) sd of the candidates' true success (and return) at a state, apart from
+                 the rollout noise (random-effects ANOVA), and the states where every rollout of every
+                 candidate ended alike: near 0, no scorer can gain by choosing among these candidates
   spearman       rank correlation, over a state's candidates, of each score with the true
                  discounted return, averaged over the states whose candidates differ
   pick_bias      per action dimension, how far each scorer's pick sits from its state's candidates'
@@ -23,7 +27,7 @@ executed from the restored MuJoCo state and the policy finishes the episode, R t
     python benchmarks/search_oracle.py --checkpoint RUN_DIR --json OUT.json [--states 50 --rollouts 2]
         [--envs 2] [--set depth=3 pessimism=1 ...]   (planner overrides)
 
-Writes OUT.json, OUT.png (the four panels) and OUT.npz (candidates, scores and true values, so other
+Writes OUT.json, OUT.png (the four panels) and OUT.npz (candidates, scores and true values per rollout, so other
 scorers can be judged on the same measurements without re-running the simulator). On LIBERO the
 same command works on an image checkpoint: `visit_states` seeds episodes from the suite's tasks
 through the env's own resets, and snapshots restore the robosuite env LIBERO wraps; budget a
@@ -44,7 +48,7 @@ from scipy import stats
 from robo_rl.checkpoint import agent_from_checkpoint, build_planner, load_checkpoint
 from robo_rl.envs import make_vec_env
 from robo_rl.envs.vector import stack_obs
-from robo_rl.eval.oracle import action_values, visit_states
+from robo_rl.eval.oracle import action_values, candidate_spread, cross_validated_best, visit_states
 from robo_rl.eval.runner import qwm_planner_config
 from robo_rl.planning.actor import AgentActor
 
@@ -167,11 +171,12 @@ def main() -> None:
             _, info = planner.plan(z, agent.pi,
                                    lambda zz, aa: agent.q(zz, aa, kappa), wm.next)
         candidates = info["candidates"].float().cpu().numpy()  # [M, N, h*A]
-        success, returns = action_values(env, visited, candidates, policy, args.rollouts, gamma)
+        success_runs, returns_runs = action_values(env, visited, candidates, policy, args.rollouts, gamma)
     finally:
         env.close()
     print(f"[oracle] candidates measured ({time.time() - t0:.0f} s)")
 
+    success, returns = success_runs.mean(2), returns_runs.mean(2)  # [M, N]
     rows = np.arange(len(visited))
     q, score = info["q"].float().cpu().numpy(), info["scores"].float().cpu().numpy()
     picks = {"best_of_n": q.argmax(1), "qwm": info["index"].cpu().numpy()}
@@ -183,6 +188,11 @@ def main() -> None:
     chosen["oracle"] = float(success.max(1).mean())
     chosen_return = {"policy": float(returns.mean())} | {k: float(returns[rows, i].mean()) for k, i in picks.items()}
     chosen_return["oracle"] = float(returns.max(1).mean())
+    spread = {}
+    if args.rollouts >= 2:
+        chosen["oracle_cv"] = cross_validated_best(success_runs)
+        chosen_return["oracle_cv"] = cross_validated_best(returns_runs)
+        spread = {"success": candidate_spread(success_runs), "return": candidate_spread(returns_runs)}
     spearman = {k: mean_spearman(s, returns) for k, s in scores.items()}
     model_err, copy_err = latent_errors(agent, visited, max(1, planner.cfg.depth))
     calibration, mc, q_taken = q_calibration(agent, visited, kappa)
@@ -192,6 +202,7 @@ def main() -> None:
         "chosen_value": chosen, "chosen_return": chosen_return,
         "spearman": {k: v[0] for k, v in spearman.items()},
         "spearman_states": {k: v[1] for k, v in spearman.items()},
+        "candidate_spread": spread,
         "pick_bias": {k: pick_bias(candidates, i) for k, i in picks.items()},
         "latent_error": model_err, "latent_error_copy": copy_err, "q_calibration": calibration,
         "wall_s": time.time() - t0,
@@ -199,7 +210,7 @@ def main() -> None:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    np.savez(out.with_suffix(".npz"), candidates=candidates, success=success, returns=returns,
+    np.savez(out.with_suffix(".npz"), candidates=candidates, success=success_runs, returns=returns_runs,
              t=np.array([v.t for v in visited]), mc_return=np.array([v.mc_return for v in visited]),
              **{f"score_{k}": s for k, s in scores.items()}, index=picks["qwm"])
     plot(result, (mc, q_taken), out.with_suffix(".png"))
@@ -211,6 +222,10 @@ def main() -> None:
         print(f"{name:<12}{chosen[name]:>16.3f}{chosen_return[name]:>15.3f}{rho:>10}")
     for name, bias in result["pick_bias"].items():
         print(f"pick bias {name:<11} (std units per action dim) {bias}")
+    if spread:
+        print(f"true success across a state's candidates: sd {spread['success']['between_sd']:.3f} between candidates, "
+              f"{spread['success']['within_sd']:.3f} between rollouts of one; every rollout equal at "
+              f"{spread['success']['states_all_equal']} of {len(visited)} states")
     print(f"latent error by depth {np.round(model_err, 4).tolist()} (no change: {np.round(copy_err, 4).tolist()})")
     print(f"Q calibration: Q = {calibration['slope']:.2f}·MC + {calibration['bias']:.2f} (r {calibration['r']:.2f})")
     print(f"-> {out} ({result['wall_s']:.0f} s)")

@@ -6,7 +6,7 @@ import pytest
 from robo_rl.demos.experts import LiftExpert
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import VecEnv
-from robo_rl.eval.oracle import VisitedState, action_values, visit_states
+from robo_rl.eval.oracle import VisitedState, action_values, candidate_spread, cross_validated_best, visit_states
 from tests.conftest import LIFT_STATE_KEYS
 
 SPEC = EnvSpec(suite="robosuite", env_name="Lift", low_dim_keys=LIFT_STATE_KEYS, horizon=100)
@@ -86,7 +86,8 @@ def test_true_value_orders_lifting_above_dropping(env, episode):
     candidates = np.array([[lift * 10, let_go * 10]], dtype=np.float32)  # [S=1, N=2, 10 steps x A]: chunks
     visited = [VisitedState(states[t], {}, t, 0.0, True, [], np.zeros((0, 7)))]
     keep_lifting = ConstantPolicy(np.array(lift, dtype=np.float32))
-    success, returns = action_values(env, visited, candidates, keep_lifting, rollouts=2, gamma=0.99)
+    runs = action_values(env, visited, candidates, keep_lifting, rollouts=2, gamma=0.99)
+    success, returns = (x.mean(-1) for x in runs)  # [S, N, R] -> [S, N]
     assert success[0, 0] == 1.0 and returns[0, 0] > 0.9
     assert success[0, 1] == 0.0 and returns[0, 1] == 0.0
 
@@ -107,3 +108,19 @@ def test_visit_states_spreads_over_episodes(env):
     for v in visited:
         assert 0.0 <= v.mc_return <= 1.0 and len(v.future_obs) == len(v.future_actions) <= 2
         assert v.success == (v.mc_return > 0)
+
+
+def test_candidate_spread_separates_candidates_from_rollout_noise():
+    # two candidates, 4 rollouts each: always vs never, their true values 1 and 0 (sd 0.707 with ddof 1)
+    apart = candidate_spread(np.array([[[1, 1, 1, 1], [0, 0, 0, 0]]], dtype=float))
+    assert apart == pytest.approx({"between_sd": np.sqrt(0.5), "within_sd": 0.0, "states_all_equal": 0})
+    # the same coin flips for both: MS_between 0, MS_within 1/3, so the between part (−1/12) clips to 0
+    alike = candidate_spread(np.array([[[1, 0, 1, 0], [1, 0, 1, 0]], [[0, 0, 0, 0], [0, 0, 0, 0]]], dtype=float))
+    assert alike == pytest.approx({"between_sd": 0.0, "within_sd": np.sqrt(1 / 6), "states_all_equal": 1})
+
+
+def test_cross_validated_best_values_the_pick_on_rollouts_that_did_not_choose_it():
+    outcomes = np.array([[[1, 1, 0, 0], [0, 0, 1, 1]],  # first halves pick candidate 0, whose second half is 0
+                         [[0, 1, 1, 1], [1, 1, 0, 1]]], dtype=float)  # they pick candidate 1: second half 0.5
+    assert cross_validated_best(outcomes) == pytest.approx(0.25)
+    assert outcomes.mean(2).max(1).mean() == pytest.approx(0.625)  # the naive best, optimistic

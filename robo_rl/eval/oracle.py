@@ -98,7 +98,7 @@ def _keep_states(steps: list[_Step], success: bool, count: int, gamma: float, de
 def action_values(env: VecEnv, states: Sequence[VisitedState], candidates: np.ndarray, policy, rollouts: int,
                   gamma: float) -> tuple[np.ndarray, np.ndarray]:
     """True value of each candidate: candidates [S, N, A] (or chunks [S, N, h*A]) -> (success, return),
-    each [S, N], averaged over `rollouts` rollouts.
+    each [S, N, R], one entry per rollout (R = `rollouts`; average over the last axis for the values).
 
     A rollout restores the state, executes the candidate (a chunk open loop), then lets `policy` act
     until the episode ends (success, or the episode's horizon). Jobs (state, candidate, rollout) are handed
@@ -107,8 +107,8 @@ def action_values(env: VecEnv, states: Sequence[VisitedState], candidates: np.nd
     S, N = candidates.shape[:2]
     action_dim = env.action_dim
     first_actions = rearrange(candidates, "s n (h a) -> s n h a", a=action_dim)
-    jobs = [(s, n) for s in range(S) for n in range(N) for _ in range(rollouts)]
-    success, returns = np.zeros((S, N)), np.zeros((S, N))
+    jobs = [(s, n, r) for s in range(S) for n in range(N) for r in range(rollouts)]
+    success, returns = np.zeros((S, N, rollouts)), np.zeros((S, N, rollouts))
     running: list[dict | None] = [None] * env.num_envs
     obs = None
 
@@ -118,8 +118,8 @@ def action_values(env: VecEnv, states: Sequence[VisitedState], candidates: np.nd
         for i in env_ids:
             running[i] = None
             if jobs:
-                s, n = jobs.pop()
-                running[i] = {"s": s, "n": n, "k": 0, "ret": 0.0}
+                s, n, r = jobs.pop()
+                running[i] = {"s": s, "n": n, "r": r, "k": 0, "ret": 0.0}
                 starts.append(i)
         if starts:
             obs = env.reset_envs(starts, options=[{"snapshot": states[running[i]["s"]].state} for i in starts])
@@ -141,9 +141,44 @@ def action_values(env: VecEnv, states: Sequence[VisitedState], candidates: np.nd
             job["ret"] += gamma ** job["k"] * float(result.reward[i])
             job["k"] += 1
             if bool(result.done[i]):
-                success[job["s"], job["n"]] += bool(result.success[i]) / rollouts
-                returns[job["s"], job["n"]] += job["ret"] / rollouts
+                success[job["s"], job["n"], job["r"]] = bool(result.success[i])
+                returns[job["s"], job["n"], job["r"]] = job["ret"]
                 finished.append(int(i))
         if finished:
             start(finished)
     return success, returns
+
+
+def candidate_spread(outcomes: np.ndarray) -> dict:
+    """How much the choice among a state's candidates matters: outcomes [S, N, R] (R >= 2 rollouts each).
+
+    A candidate's R rollouts differ by the policy's later noise alone, so per state the one-way
+    random-effects ANOVA separates the spread of the candidates' true values from that rollout noise:
+    σ²_between = (MS_between − MS_within) / R. Returns "between_sd" (√ of its mean over states, clipped at
+    0: what a perfect scorer could exploit), "within_sd" (the rollout noise) and "states_all_equal" (how
+    many states gave every rollout of every candidate the same outcome: no choice changes anything there).
+    """
+    S, N, R = outcomes.shape
+    if R < 2 or N < 2:
+        raise ValueError(f"candidate_spread needs >= 2 candidates and >= 2 rollouts each, got N={N}, R={R}")
+    means = outcomes.mean(2)  # [S, N]
+    ms_between = R * means.var(1, ddof=1)
+    ms_within = outcomes.var(2, ddof=1).mean(1)
+    between = float(((ms_between - ms_within) / R).mean())
+    return {"between_sd": float(np.sqrt(max(between, 0.0))), "within_sd": float(np.sqrt(ms_within.mean())),
+            "states_all_equal": int((np.ptp(outcomes.reshape(S, -1), axis=1) == 0).sum())}
+
+
+def cross_validated_best(outcomes: np.ndarray) -> float:
+    """The oracle's pick without its selection bias: outcomes [S, N, R] (R >= 2) -> mean over states of the
+    value, on the last R // 2 rollouts, of the candidate the first R − R // 2 rollouts rank best.
+
+    The best of N candidates by their own R-rollout means is optimistic (the max of noisy estimates: with one
+    rollout each and 8 candidates of true success 0.9 it reads ~1.0); valuing the pick on rollouts that did
+    not choose it is not."""
+    S, N, R = outcomes.shape
+    if R < 2:
+        raise ValueError(f"cross_validated_best needs >= 2 rollouts per candidate, got {R}")
+    held_out = R // 2
+    pick = outcomes[:, :, : R - held_out].mean(2).argmax(1)
+    return float(outcomes[np.arange(S), pick, R - held_out:].mean())
