@@ -53,6 +53,11 @@ the checkpoint above (50 paired episodes each, same init states): β = 0 gave qw
 β = 0.01 0.34 vs 0.60, β = 0.1 0.68 vs 0.66 (+0.02 [−0.15, +0.19]): the drift is gone. Critic
 best-of-N has no world model and cannot use it (0.44-0.52 vs 0.72 on that checkpoint).
 
+It does not hold up on a fresh run (Can seed 0, 2026-12-04: none 0.50 vs qwm 0.05), and the oracle with 4
+rollouts per candidate says why no weighting of these terms can win there: the true success of a state's 8
+candidates differed by an sd of 0.000 (rollout noise 0.21), so the policy's per-step samples hold nothing to
+find, while the pick leaned −0.91 std per step along x. Gains need candidates whose outcomes differ.
+
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
 termination head multiplies later terms by the probability that the imagined episode is still
