@@ -46,7 +46,7 @@ class SORLConfig:
     best_of_n: int = 1  # act(): candidates per state verified by the critic
     fm_weight: float = 10.0
     sc_weight: float = 10.0
-    q_weight: float = 10.0  # task-tuned (SORL: 10-500); 0 trains the policy by BC only
+    q_weight: float = 2.0  # task-tuned (SORL: 10-500; 10 was fragile here, conf/agent/sorl.yaml); 0: BC only
     # Critic: Q ensemble.
     critic_hidden_dims: tuple[int, ...] = (512, 512, 512, 512)
     num_critics: int = 10
