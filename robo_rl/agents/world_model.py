@@ -78,8 +78,9 @@ class LatentWorldModel(nn.Module):
                         replacement) instead of all of them: 1/E of the compute. The heads are E MLPs of
                         the same size as the agent's critic, so with every head on every sequence this loss
                         cost twice the rest of an update (budget=cpu nets, batch 256: 150 of 214 ms). Off by
-                        default: one default Lift run with it pretrained to 0.55 offline (0.95 before) and
-                        its search scored 0.00 against 0.43 without (15 paired episodes); not yet explained.
+                        default until measured in the agent: the one default Lift run with it pretrained to
+                        0.55 offline, but so did the same run without it on that machine (0.50): the cause was
+                        agent.q_weight 10, now 2.
     """
 
     def __init__(
