@@ -58,6 +58,14 @@ rollouts per candidate says why no weighting of these terms can win there: the t
 candidates differed by an sd of 0.000 (rollout noise 0.21), so the policy's per-step samples hold nothing to
 find, while the pick leaned −0.91 std per step along x. Gains need candidates whose outcomes differ.
 
+So β defaults to 0 (since 2026-12-04, with agent.q_weight = 2). Paired evaluations of the same checkpoints
+(`evaluate.py compare=...`, 50 episodes unless said): Can seed 0, policy alone 0.52: β = 0.1 0.08, β = 0 0.52;
+Square, policy alone 0.28, critic best-of-N 0.38: β = 0.1 0.14, β = 0 0.54 (+0.26 [+0.11, +0.41] over the
+policy); Lift (200 episodes), policy alone 0.960: β = 0.1 0.995, β = 0 0.990. On Can's visited states the
+cost's own pick leans −0.22 std along x (the heads agree most where the data is dense), and in closed loop
+that lean carried the hand away: a cost that keeps the robot where the model has data also keeps it from
+where the task goes.
+
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
 termination head multiplies later terms by the probability that the imagined episode is still
@@ -99,8 +107,8 @@ class QWMConfig:
     pessimism: float = 0.0  # κ: the actor's critic scores mean − κ·std over its heads (≥ 0)
     # β: S_n −= β·u_n/ū, u_n the world model's disagreement about a_n's next latent (variance over its K
     # samples), ū the mean over the state's candidates (SAILOR's ensemble-uncertainty cost, scale-free).
-    # Depth 0 (best-of-N by Q) has no world model to ask and ignores it.
-    uncertainty: float = 0.1
+    # Depth 0 (best-of-N by Q) has no world model to ask and ignores it. Off by default: see the module docstring.
+    uncertainty: float = 0.0
     # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 where the hardware does it
     # natively (CUDA with bf16, CPUs with AMX tiles or AVX512-BF16), fp32 elsewhere (emulated bf16 is slower than fp32).
     precision: str = "auto"
