@@ -61,10 +61,11 @@ find, while the pick leaned −0.91 std per step along x. Gains need candidates 
 So β defaults to 0 (since 2026-12-04, with agent.q_weight = 2). Paired evaluations of the same checkpoints
 (`evaluate.py compare=...`, 50 episodes unless said): Can seed 0, policy alone 0.52: β = 0.1 0.08, β = 0 0.52;
 Square, policy alone 0.28, critic best-of-N 0.38: β = 0.1 0.14, β = 0 0.54 (+0.26 [+0.11, +0.41] over the
-policy); Lift (200 episodes), policy alone 0.960: β = 0.1 0.995, β = 0 0.990. On Can's visited states the
-cost's own pick leans −0.22 std along x (the heads agree most where the data is dense), and in closed loop
-that lean carried the hand away: a cost that keeps the robot where the model has data also keeps it from
-where the task goes.
+policy); Lift (200 episodes), policy alone 0.960: β = 0.1 0.995, β = 0 0.990. On 512 states of that Can
+checkpoint's replay buffer the cost's own pick leans −0.22 std along x (where the heads agree, the data is
+dense): a cost that keeps the robot where the model has data may also keep it from where the task goes (a
+reading, not checked in videos). Fresh Can runs collected and evaluated with β = 0 still lose to the policy
+(seeds 0 / 1: −0.22 / −0.36; critic best-of-N −0.06 / −0.34): README, search section.
 
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
