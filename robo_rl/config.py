@@ -81,7 +81,7 @@ class EnvConfig:
     step_timeout: float
     runners: int = 2  # backend=ray: Ray actors the envs are spread over (env i in runner i mod runners)
     runner_cpus: float = 1.0  # backend=ray: CPUs each runner reserves, so Ray places runners on free cores
-    inline_envs: int = 0  # backend=subprocess: envs stepped in the main process while the workers step
+    inline_envs: int = 1  # backend=subprocess: envs stepped in the main process while the workers step
 
     def __post_init__(self):
         _at_least(self, 1, "num_envs", "image_size", "runners")

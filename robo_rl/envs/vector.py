@@ -213,6 +213,7 @@ class VecEnv:
     receiving, stacking) lies on the step's critical path. Measured (benchmarks/env_throughput.py, Lift,
     2 envs on 2 cores): 2 workers 1.45x one env, 1 worker + 1 inline env 1.72x, 2 independent processes 2.01x.
     The price: an inline env that crashes takes the run down with it, since only worker processes are replaced.
+    Runs use k = 1 (env.inline_envs); the class default keeps every env in a worker.
     """
 
     def __init__(
