@@ -117,3 +117,21 @@ def test_best_of_n_picks_the_highest_scoring_candidate():
     expected = candidates[torch.arange(5), scores.argmax(1)]
     torch.testing.assert_close(chosen, expected)
     assert (scores.argmax(1) != 0).any()  # not trivially the first candidate
+
+
+def test_flow_matching_clones_only_the_rows_it_is_given():
+    """bc_data="offline": actions of the other rows (online exploration) must not move the BC loss."""
+    torch.manual_seed(0)
+    policy = ShortcutFlowPolicy(4, 2, (32,))
+    z, actions = torch.randn(8, 4), torch.rand(8, 2) * 2 - 1
+    rows = torch.tensor([True, False] * 4)
+    changed = actions.clone()
+    changed[~rows] = -changed[~rows]
+
+    def loss(a, rows=None):
+        torch.manual_seed(1)  # the same noise and times for both action sets
+        return policy.flow_matching_loss(z, a, rows)
+
+    assert loss(changed, rows) == loss(actions, rows)
+    assert loss(changed) != loss(actions)
+    assert loss(actions, torch.zeros(8, dtype=torch.bool)) == 0

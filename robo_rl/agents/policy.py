@@ -91,17 +91,22 @@ class ShortcutFlowPolicy(nn.Module):
         candidates = rearrange(candidates, "(b n) a -> b n a", n=n)
         return candidates[torch.arange(z.shape[0], device=z.device), best]
 
-    def flow_matching_loss(self, z: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    def flow_matching_loss(self, z: torch.Tensor, actions: torch.Tensor, rows: torch.Tensor | None = None
+                           ) -> torch.Tensor:
         """Flow matching at the finest step size: z [B, Z], dataset actions x1 [B, h*A] -> scalar.
 
         t is drawn on the grid {0, 1/M, ..., (M-1)/M} the M-step sampler visits.
+        rows: optional bool [B]; only these rows are cloned (the mean over them; 0 when there are none).
         """
         x1 = actions
         x0 = torch.randn_like(x1)
         t = torch.randint(0, self.max_steps, (x1.shape[0], 1), device=x1.device).to(x1.dtype) / self.max_steps
         x_t = (1 - (1 - self.t_epsilon) * t) * x0 + t * x1
         log2_steps = torch.full_like(t, self.log2_max_steps)
-        return F.mse_loss(self.velocity(z, x_t, t, log2_steps), x1 - (1 - self.t_epsilon) * x0)
+        if rows is None:
+            return F.mse_loss(self.velocity(z, x_t, t, log2_steps), x1 - (1 - self.t_epsilon) * x0)
+        error = (self.velocity(z, x_t, t, log2_steps) - (x1 - (1 - self.t_epsilon) * x0)).square().mean(-1)  # [B]
+        return (error * rows).sum() / rows.sum().clamp_min(1)
 
     def self_consistency_loss(
         self, z: torch.Tensor, actions: torch.Tensor, target: ShortcutFlowPolicy

@@ -45,6 +45,9 @@ class SORLConfig:
     sample_steps: int = 4  # k for act() / pi()
     best_of_n: int = 1  # act(): candidates per state verified by the critic
     fm_weight: float = 10.0
+    # Which replay rows the flow-matching (BC) term clones: "all", or "offline" (the demonstrations only, so
+    # the policy does not imitate its own exploration and search actions once online data fills the batches).
+    bc_data: str = "all"
     sc_weight: float = 10.0
     q_weight: float = 2.0  # task-tuned (SORL: 10-500; 10 was fragile here, conf/agent/sorl.yaml); 0: BC only
     # Critic: Q ensemble.
@@ -80,6 +83,8 @@ class SORLConfig:
         for name in ("lr", "grad_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)}: must be > 0")
+        if self.bc_data not in ("all", "offline"):
+            raise ValueError(f"bc_data={self.bc_data!r}: must be 'all' or 'offline'")
         if self.max_nonfinite_updates < 1:
             raise ValueError(f"max_nonfinite_updates={self.max_nonfinite_updates}: must be >= 1")
 
@@ -186,7 +191,7 @@ class SORLAgent(nn.Module):
 
         batch: obs / next_obs: key -> [B, ...] (images uint8); action [B, A] or [B, h, A];
                reward [B] (n-step discounted sum); discount [B] (gamma^n * (1 - terminal));
-               offline [B] bool (not used by the losses: offline and online samples count alike).
+               offline [B] bool (with bc_data="offline", the rows flow matching clones; otherwise unused).
         seq:   {"obs": key -> [B, H+1, ...], "action": [B, H, A], "reward", "terminal": [B, H]} for the
                world model's multi-step latent consistency loss (ignored without a world model).
         Returns losses and diagnostics as floats. An update whose loss or gradient norm is not finite
@@ -206,7 +211,8 @@ class SORLAgent(nn.Module):
             next_z = self.target_encoder(self._to_device(batch["next_obs"]))
 
         critic_loss, info = self.critic_loss(z, action, reward, discount, next_z)
-        actor_loss, actor_info = self.actor_loss(z, action)
+        bc_rows = batch["offline"].to(self.device) if self.config.bc_data == "offline" else None
+        actor_loss, actor_info = self.actor_loss(z, action, bc_rows)
         loss, wm_info = critic_loss + actor_loss, {}
         if self.world_model is not None and seq is not None:
             seq = self._chunk_sequence({"obs": self._to_device(seq["obs"]), "action": seq["action"].to(self.device),
@@ -292,11 +298,13 @@ class SORLAgent(nn.Module):
         all_q = torch.cat([q_uniform, q_data[..., None]], dim=-1)  # [E, B, n + 1]
         return (torch.logsumexp(all_q, dim=-1) - q_data).mean()
 
-    def actor_loss(self, z: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Weighted flow-matching + self-consistency - normalised Q: z [B, Z], dataset action [B, h*A]."""
+    def actor_loss(self, z: torch.Tensor, action: torch.Tensor, bc_rows: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Weighted flow-matching + self-consistency - normalised Q: z [B, Z], dataset action [B, h*A];
+        bc_rows: optional bool [B], the rows flow matching clones (default all)."""
         cfg = self.config
         z_fixed = z.detach()  # the SC and Q terms train the policy, not the encoder
-        fm_loss = self.policy.flow_matching_loss(z, action)
+        fm_loss = self.policy.flow_matching_loss(z, action, bc_rows)
         sc_loss = self.policy.self_consistency_loss(z_fixed, action, self.target_policy)
         loss = cfg.fm_weight * fm_loss + cfg.sc_weight * sc_loss
         info = {"fm_loss": fm_loss, "sc_loss": sc_loss}
