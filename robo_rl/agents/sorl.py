@@ -3,7 +3,8 @@
 One `update` is one gradient step of everything on one replay batch:
   critic: TD regression of every head on r + discount * agg(Q_target(z', pi(z', k))), where z' comes
           from the EMA target encoder and k is drawn from `q_steps`;
-  actor:  fm_weight * flow matching + sc_weight * self-consistency (vs. the EMA target policy)
+  actor:  fm_weight * flow matching (on the batch's demonstration rows, bc_data; none without demos)
+          + sc_weight * self-consistency (vs. the EMA target policy)
           - q_weight * Q(z, pi(z, k)) / mean|Q|, backpropagating through the k-step sampler.
 The encoder learns from the critic and flow-matching losses; the self-consistency and Q terms see
 a detached z, and the Q term leaves the critic's weights alone. Both losses are summed and
@@ -45,9 +46,9 @@ class SORLConfig:
     sample_steps: int = 4  # k for act() / pi()
     best_of_n: int = 1  # act(): candidates per state verified by the critic
     fm_weight: float = 10.0
-    # Which replay rows the flow-matching (BC) term clones: "all", or "offline" (the demonstrations only, so
-    # the policy does not imitate its own exploration and search actions once online data fills the batches).
-    bc_data: str = "all"
+    # Which replay rows the flow-matching (BC) term clones: "offline" (the demonstrations only, so the policy
+    # does not imitate its own exploration and search actions once online data fills the batches), or "all".
+    bc_data: str = "offline"
     sc_weight: float = 10.0
     q_weight: float = 2.0  # task-tuned (SORL: 10-500; 10 was fragile here, conf/agent/sorl.yaml); 0: BC only
     # Critic: Q ensemble.
