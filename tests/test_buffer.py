@@ -185,6 +185,7 @@ def test_samples_match_brute_force_and_never_cross_episodes(num_envs, capacity, 
     for b in range(8):
         ep, t = labels(chunks["obs"]["state"][b])[0]
         assert (ep, t) in offline_windows | online_windows
+        assert chunks["offline"][b].item() == ((ep, t) in offline_windows)  # the rows bc_data="offline" clones
         assert labels(chunks["action"][b]) == [(ep, t + k) for k in range(horizon)]
         assert labels(chunks["next_obs"]["state"][b]) == [(ep, t + horizon)]
         truth = [world.truth[ep, t + k] for k in range(horizon)]

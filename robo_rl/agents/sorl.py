@@ -212,7 +212,12 @@ class SORLAgent(nn.Module):
             next_z = self.target_encoder(self._to_device(batch["next_obs"]))
 
         critic_loss, info = self.critic_loss(z, action, reward, discount, next_z)
-        bc_rows = batch["offline"].to(self.device) if self.config.bc_data == "offline" else None
+        bc_rows = None
+        if self.config.bc_data == "offline":
+            if "offline" not in batch:
+                raise ValueError("batch has no `offline` flags, which bc_data='offline' clones by (ReplayBuffer's "
+                                 "samples carry them); add them or set agent.bc_data=all")
+            bc_rows = batch["offline"].to(self.device)
         actor_loss, actor_info = self.actor_loss(z, action, bc_rows)
         loss, wm_info = critic_loss + actor_loss, {}
         if self.world_model is not None and seq is not None:

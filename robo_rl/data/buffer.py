@@ -343,7 +343,8 @@ class ReplayBuffer:
     def sample_sequences(self, batch_size: int, horizon: int) -> dict:
         """Sub-trajectories of `horizon` steps inside one episode.
 
-        Returns obs: key -> [B, H+1, ...]; action [B, H, A]; reward [B, H]; terminal [B, H] bool.
+        Returns obs: key -> [B, H+1, ...]; action [B, H, A]; reward [B, H]; terminal [B, H] bool;
+        offline [B] bool (the window lies in a demonstration).
         """
         if horizon < 1:
             raise ValueError(f"horizon={horizon} must be >= 1")
@@ -361,13 +362,14 @@ class ReplayBuffer:
             "action": self._take([(p.action, i) for p, i in steps], (B, H, self.action_dim)),
             "reward": self._take([(p.reward, i) for p, i in steps], (B, H)),
             "terminal": self._take([(p.terminal, i) for p, i in steps], (B, H)),
+            "offline": self._tensor(np.concatenate([np.full(len(w), p is self._offline) for p, w in windows])),
         }
 
     def sample_chunks(self, batch_size: int, horizon: int) -> dict:
         """Transitions whose action is a chunk of `horizon` consecutive actions inside one episode.
 
-        The format of `sample` (without "offline"): obs, next_obs (the observation after the chunk);
-        action [B, h, A]; reward [B] = sum_k gamma^k r_k; discount [B] = gamma^h (1 - terminal).
+        The format of `sample`: obs, next_obs (the observation after the chunk); action [B, h, A];
+        reward [B] = sum_k gamma^k r_k; discount [B] = gamma^h (1 - terminal); offline [B] bool.
         """
         seq = self.sample_sequences(batch_size, horizon)
         reward = seq["reward"].float()
@@ -378,6 +380,7 @@ class ReplayBuffer:
             "action": seq["action"],
             "reward": reward @ powers,
             "discount": self.gamma**horizon * (~seq["terminal"].any(1)).float(),
+            "offline": seq["offline"],
         }
 
     def can_sample_sequences(self, horizon: int) -> bool:
