@@ -103,9 +103,9 @@ class ShortcutFlowPolicy(nn.Module):
         t = torch.randint(0, self.max_steps, (x1.shape[0], 1), device=x1.device).to(x1.dtype) / self.max_steps
         x_t = (1 - (1 - self.t_epsilon) * t) * x0 + t * x1
         log2_steps = torch.full_like(t, self.log2_max_steps)
-        if rows is None:
-            return F.mse_loss(self.velocity(z, x_t, t, log2_steps), x1 - (1 - self.t_epsilon) * x0)
         error = (self.velocity(z, x_t, t, log2_steps) - (x1 - (1 - self.t_epsilon) * x0)).square().mean(-1)  # [B]
+        if rows is None:
+            return error.mean()
         return (error * rows).sum() / rows.sum().clamp_min(1)
 
     def self_consistency_loss(
