@@ -186,3 +186,15 @@ def test_update_trains_the_world_model_through_the_agents_own_optimizer():
         model_error = (agent.world_model.dynamics(z0, action[:, 0]) - z1).square().mean()
         copy_error = (z0 - z1).square().mean()
     assert model_error < 0.5 * copy_error
+
+
+def test_an_update_without_sequences_leaves_the_world_model_out():
+    """update(batch) alone gives the world model no gradient: it must not report (or clip) one. Its
+    norm was a CPU zero among the CUDA norms, which broke every such update with device=cuda."""
+    torch.manual_seed(0)
+    config = small_config(world_model=WorldModelConfig(num_heads=4, hidden_dim=64, num_layers=2))
+    agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=config)
+    before = [p.detach().clone() for p in agent.world_model.parameters()]
+    metrics = agent.update(synthetic_batch(LIFT_SHAPES))
+    assert "world_model_grad_norm" not in metrics and "critic_grad_norm" in metrics
+    assert all(torch.equal(b, p) for b, p in zip(before, agent.world_model.parameters()))

@@ -228,8 +228,10 @@ class SORLAgent(nn.Module):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         loss = self._average_over_ranks(loss)
+        # Without sequences the world model has no gradient, and its norm would be a CPU zero beside CUDA ones.
+        trained = [(name, module) for name, module in self._learners() if name != "world_model" or seq is not None]
         norms = {f"{name}_grad_norm": nn.utils.clip_grad_norm_(module.parameters(), self.config.grad_clip)
-                 for name, module in self._learners()}
+                 for name, module in trained}
         info |= norms | actor_info
         # One host sync reads the metrics and decides the step: clipping turns an infinite norm into
         # all-zero gradients and a NaN one into NaN weights, so neither may reach the optimizer.
