@@ -21,7 +21,9 @@ def write_mp4(path: str | Path, frames: list[np.ndarray], fps: int = 20) -> Path
     """Write frames [H, W, 3] uint8 as H.264 mp4 (imageio-ffmpeg ships its own ffmpeg)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with imageio.get_writer(path, fps=fps, codec="libx264", quality=7, macro_block_size=1) as writer:
+    # The format is named: without imageio-ffmpeg, imageio would pick another writer by itself (TIFF) and fail
+    # on the video arguments; named, the error says which package is missing.
+    with imageio.get_writer(path, format="FFMPEG", fps=fps, codec="libx264", quality=7, macro_block_size=1) as writer:
         for frame in frames:
             writer.append_data(frame)
     return path
