@@ -21,6 +21,10 @@ summed over envs/worlds, with uniform random actions and auto-reset.
     warp_world_steps_per_s   {B: world control steps/s} of WarpVecEnv for each --num-envs B (--device cpu|cuda)
     subprocess_steps_per_s   the subprocess VecEnv with --subprocess-envs envs (default: one per CPU core)
     warp_speedup             {B: warp / subprocess}
+  Crossover (Lift, 2026-12-04): on this 2-core CPU none (Warp saturates near 0.2x the 2 workers by 64 worlds);
+  on one H200 (`--device cuda --num-envs 1 256 4096`, 16 subprocess workers on its 16 cores: 710 steps/s)
+  Warp runs 55 world steps/s at B = 1 (0.08x), 6,170 at 256 (8.7x) and 58,462 at 4096 (82x): the crossover
+  lies between 1 and 256 worlds there; 100k control-steps/s was not reached at 4096 (larger B not measured).
 
 Where the subprocess VecEnv's time goes (issue 16; Lift state, 2 envs; py-spy of the main process and the
 workers, per-process CPU time (psutil) and run-queue delay (/proc/PID/schedstat) per control step, on this
