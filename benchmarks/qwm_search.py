@@ -6,7 +6,7 @@ robo_rl's own nets at paper size with random weights (latency does not depend on
   model   LatentWorldModel: 8 dynamics heads 3x256 and a reward head; latent 128, action 7
 
   search_ms        QWMPlanner.plan at the defaults (N = K = N_leaf = 8, D = 2, J = 1), all 16 envs;
-                   precision "auto" = bfloat16 autocast where native (AMX or AVX512-BF16 CPUs, CUDA), else fp32
+                   precision "auto" = bfloat16 autocast on CPUs where native (AMX or AVX512-BF16), else fp32 (CUDA too)
                    (JSON `precision` says which ran)
   search_ms_d4     the same at D = 4
   policy_only_ms   one policy sample per env: the cost of acting without search
@@ -48,11 +48,12 @@ loop varied 3x between runs of the same code) it is the steadier ratio.
 than 1 here (they wait on each other). Anchor on this machine: TD-MPC2's MPPI planner takes
 600-700 ms for ONE env's decision.
 
-On a GPU (`--device cuda`; one H200, torch 2.11, 2026-12-04): search_ms 14.8 (bf16, what "auto" picks there),
+On a GPU (`--device cuda`; one H200, torch 2.11, 2026-12-04): search_ms 14.8 (bf16, what "auto" picked then),
 search_ms_fp32 9.6, D = 4 22.5, policy only 1.3; the fp32 loop 3646 ms, so speedup_vs_loop 379 fp32 vs fp32
 (bf16 vs bf16: 336). Both targets (<= 100 ms, >= 30x) hold there. At 16 envs the search is bound by kernel
 launches, not arithmetic (its CPU time equals its wall time), which is why bf16, whose casts add kernels, is
-the slower of the two there; CUDA graphs would be the lever for that, not measured.
+the slower of the two there: "auto" picks fp32 on CUDA since (planning/qwm.py auto_bf16). CUDA graphs would be the
+lever for the launches, not measured.
 
     python benchmarks/qwm_search.py --json OUT [--rounds 5] [--envs 16] [--threads 1] [--device cuda]
 """
@@ -71,7 +72,7 @@ import torch
 from robo_rl.agents.critic import QEnsemble
 from robo_rl.agents.policy import ShortcutFlowPolicy
 from robo_rl.agents.world_model import LatentWorldModel
-from robo_rl.planning.qwm import QWMConfig, QWMPlanner, native_bf16, plan_reference
+from robo_rl.planning.qwm import QWMConfig, QWMPlanner, auto_bf16, plan_reference
 
 LATENT, ACTION, HIDDEN = 128, 7, 512
 
@@ -127,7 +128,7 @@ def main() -> None:
     def loop() -> object:
         return plan_reference(defaults, z, pi, q, model.next, reward=model.reward)
 
-    bf16 = native_bf16(z.device)  # what precision "auto" runs
+    bf16 = auto_bf16(z.device)  # what precision "auto" runs
     load_before = os.getloadavg()[0]
     timed = {}
     with torch.no_grad():

@@ -5,7 +5,7 @@ from einops import rearrange, repeat
 from torch import nn
 
 from robo_rl.agents.world_model import LatentWorldModel
-from robo_rl.planning.qwm import QWMConfig, QWMPlanner, native_bf16, plan_reference
+from robo_rl.planning.qwm import QWMConfig, QWMPlanner, auto_bf16, plan_reference
 
 # -- a cliff world with exact dynamics and a critic that cannot see the cliff coming -------------
 CLIFF_EDGE, FALLEN_VALUE = 0.5, -10.0
@@ -183,6 +183,6 @@ def test_bf16_search_scores_track_fp32():
     assert action.dtype == torch.float32
     assert not torch.equal(half["scores"], full["scores"])  # the matmuls really ran in bfloat16 ...
     torch.testing.assert_close(half["scores"], full["scores"], atol=0.05, rtol=0.05)  # ... and stay close
-    # "auto" runs bf16 exactly where it is native (AMX on this CPU), fp32 elsewhere.
+    # "auto" runs bf16 exactly on CPUs where it is native (AMX, AVX512-BF16), fp32 elsewhere (and on CUDA).
     _, auto = QWMPlanner(QWMConfig(**{**cfg.__dict__, "precision": "auto"})).plan(z, pi, q, every_head)
-    assert torch.equal(auto["scores"], (half if native_bf16(z.device) else full)["scores"])
+    assert torch.equal(auto["scores"], (half if auto_bf16(z.device) else full)["scores"])

@@ -110,8 +110,8 @@ class QWMConfig:
     # samples), ū the mean over the state's candidates (SAILOR's ensemble-uncertainty cost, scale-free).
     # Depth 0 (best-of-N by Q) has no world model to ask and ignores it. Off by default: see the module docstring.
     uncertainty: float = 0.0
-    # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 where the hardware does it
-    # natively (CUDA with bf16, CPUs with AMX tiles or AVX512-BF16), fp32 elsewhere (emulated bf16 is slower than fp32).
+    # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 on CPUs that do it natively (AMX
+    # tiles or AVX512-BF16), fp32 elsewhere (emulated bf16 is slower than fp32) and on CUDA (see auto_bf16).
     precision: str = "auto"
 
     def __post_init__(self):
@@ -171,7 +171,7 @@ class QWMPlanner:
         cfg = self.cfg
         if z.dim() != 2:
             raise ValueError(f"z must be a batch of latents [B, Z], got shape {tuple(z.shape)}")
-        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and native_bf16(z.device))
+        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and auto_bf16(z.device))
         with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=bf16):
             actions, info = self._search(z, pi, q, next, reward, terminal, generator)
         return actions.float(), info
@@ -238,15 +238,17 @@ class QWMPlanner:
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether bfloat16 matmuls run natively on `device`: CUDA with bf16 support, or a CPU with AMX tiles or
-    AVX512-BF16 dot products (Zen 4, Cooper Lake): a 1024x512x512 matmul ran 2.7x faster in bf16 than fp32 on
-    a Zen 4 core, 6.7x on an AMX one. Without either, oneDNN emulates bf16 and it is slower than fp32."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+def auto_bf16(device: torch.device) -> bool:
+    """What precision "auto" picks: bf16 on a CPU that runs bfloat16 matmuls natively (AMX tiles or AVX512-BF16
+    dot products: a 1024x512x512 matmul ran 2.7x faster in bf16 than fp32 on a Zen 4 core, 6.7x on an AMX one),
+    where the search is bound by GEMM arithmetic. Without either, oneDNN emulates bf16, slower than fp32. On CUDA
+    fp32: at the search's sizes it is bound by kernel launches and autocast's casts only add kernels (one H200,
+    16 envs, benchmarks/qwm_search.py: 14.8 ms in bf16, 9.6 ms in fp32)."""
+    if device.type != "cpu":
+        return False
     # private in torch 2.x; absent: assume the instructions are not there
     checks = (getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
-    return device.type == "cpu" and any(check is not None and check() for check in checks)
+    return any(check is not None and check() for check in checks)
 
 
 def plan_reference(
