@@ -228,8 +228,10 @@ class SORLAgent(nn.Module):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         loss = self._average_over_ranks(loss)
-        # Without sequences the world model has no gradient, and its norm would be a CPU zero beside CUDA ones.
-        trained = [(name, module) for name, module in self._learners() if name != "world_model" or seq is not None]
+        # A module this update gave no gradient (the world model without sequences) is neither clipped nor
+        # reported: clip_grad_norm_ of no gradients is a CPU zero, which breaks the one-sync stack on CUDA.
+        trained = [(name, module) for name, module in self._learners()
+                   if any(p.grad is not None for p in module.parameters())]
         norms = {f"{name}_grad_norm": nn.utils.clip_grad_norm_(module.parameters(), self.config.grad_clip)
                  for name, module in trained}
         info |= norms | actor_info
