@@ -110,11 +110,17 @@ def compare(fns: dict, rounds: int, seconds: float) -> dict:
     return {f"{name}_batches_per_s": float(np.median(r)) for name, r in rates.items()}
 
 
+def batch_arrays(buffer: ReplayBuffer, rows: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every array a sequence batch reads from the buffer's demonstrations, and preallocated outputs of `rows` rows."""
+    part = buffer._offline
+    sources = [*part.obs.values(), part.action, part.reward, part.terminal]
+    return sources, [np.empty((rows, *a.shape[1:]), a.dtype) for a in sources]
+
+
 def contiguous_copy(buffer: ReplayBuffer, batch: int, horizon: int, seed: int = 0):
     """The ceiling of a sequence batch: its rows of every stored array, copied as one contiguous run."""
     part, rows = buffer._offline, batch * (horizon + 1)
-    sources = [*part.obs.values(), part.action, part.reward, part.terminal]
-    outputs = [np.empty((rows, *a.shape[1:]), a.dtype) for a in sources]
+    sources, outputs = batch_arrays(buffer, rows)
     rng = np.random.default_rng(seed)
 
     def copy():
@@ -128,9 +134,7 @@ def contiguous_copy(buffer: ReplayBuffer, batch: int, horizon: int, seed: int = 
 def window_gather(buffer: ReplayBuffer, batch: int, horizon: int, seed: int = 0):
     """The ceiling of any sampler of random windows: `batch` windows of horizon + 1 rows at uniform random starts,
     every stored array gathered with one np.take into preallocated outputs; no episode bounds, no other work."""
-    part, rows = buffer._offline, batch * (horizon + 1)
-    sources = [*part.obs.values(), part.action, part.reward, part.terminal]
-    outputs = [np.empty((rows, *a.shape[1:]), a.dtype) for a in sources]
+    part, (sources, outputs) = buffer._offline, batch_arrays(buffer, batch * (horizon + 1))
     rng, offsets = np.random.default_rng(seed), np.arange(horizon + 1)
 
     def gather():
