@@ -139,6 +139,7 @@ class LearnerConfig:  # the `train:` group of config.yaml
     gamma: float
     nstep: int
     demo_resets: float
+    reward_shaping: bool
 
     def __post_init__(self):
         _fractions(self, "offline_ratio", "gamma", "demo_resets")
@@ -193,6 +194,11 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
         if self.agent.encoder.task == "language" and self.task.suite != "libero":
             raise ValueError(f"agent.encoder.task=language: task {self.task.name} has no language instructions "
                              "(LIBERO suites do); use agent.encoder.task=index")
+        if self.train.reward_shaping and (self.task.suite != "robosuite" or self.env.backend == "warp"):
+            raise ValueError(f"train.reward_shaping=true: the shaped progress comes from robosuite's own reward "
+                             f"functions, which task {self.task.name} on env.backend={self.env.backend} does not "
+                             "run; use a robosuite task (lift, can, square) on subprocess, sync or ray envs, or "
+                             "train.reward_shaping=false")
         if self.agent.action_horizon > 1 and self.train.nstep != 1:
             raise ValueError(f"train.nstep={self.train.nstep} with agent.action_horizon={self.agent.action_horizon}: "
                              "a chunk's TD target is the h-step return of its own actions, n-step returns over "

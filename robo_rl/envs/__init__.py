@@ -10,8 +10,9 @@ __all__ = ["EnvSpec", "StepResult", "VecEnv", "env_spec", "make_vec_env"]
 
 
 def env_spec(cfg: DictConfig, render: bool = False) -> EnvSpec:
-    """EnvSpec for `cfg.task` observed through `cfg.env.modality`; `render` adds a video renderer."""
-    task, env = cfg.task, cfg.env
+    """EnvSpec for `cfg.task` observed through `cfg.env.modality`; `render` adds a video renderer.
+    Training configs with `train.reward_shaping` shape its rewards with the critic's discount."""
+    task, env, train = cfg.task, cfg.env, cfg.get("train")
     if env.modality not in task.obs_keys:
         raise ValueError(f"env.modality={env.modality!r} is not defined for task {task.name!r}; "
                          f"choose one of {list(task.obs_keys)}")
@@ -30,6 +31,7 @@ def env_spec(cfg: DictConfig, render: bool = False) -> EnvSpec:
         horizon=task.horizon,
         task_ids=tuple(task_ids),
         render_size=env.render_size if render else 0,
+        shaping_gamma=train.gamma if train is not None and train.get("reward_shaping") else 0.0,
     )
 
 

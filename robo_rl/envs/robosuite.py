@@ -72,7 +72,15 @@ def make_robosuite_env(spec: EnvSpec, model_seed: int = MODEL_SEED):
 
 
 class RobosuiteEnv(SimEnv):
-    """Gym-like single env. `step` returns (obs, reward, terminated, truncated, success)."""
+    """Gym-like single env. `step` returns (obs, reward, terminated, truncated, success).
+
+    With `spec.shaping_gamma` = γ > 0 the reward is shaped by potentials (Ng, Harada & Russell 1999):
+    r + γ·Φ(s') − Φ(s), Φ = `progress()`, Φ = 0 after the success that ends an episode. Such shaping leaves
+    the optimal policy of the sparse task unchanged (the shaping terms of an episode telescope to −Φ(s_0)),
+    yet from the first step it pays for moving toward the object, which the sparse success alone never
+    does until an episode happens to succeed. robosuite's own shaped reward cannot be used as is: it pays
+    every step spent near the object, so with episodes that end on success, hovering there outearns success.
+    """
 
     def __init__(self, spec: EnvSpec, env_index: int = 0):
         if spec.env_name not in ROBOSUITE_TASKS:
@@ -83,6 +91,7 @@ class RobosuiteEnv(SimEnv):
         self.env_kwargs = robosuite_env_kwargs(spec)
         self.env = make_robosuite_env(spec)
         self._t = 0
+        self._potential = 0.0  # Φ of the current state, with shaping
 
     # -- observations -------------------------------------------------------------------------
     def _obs(self, raw: dict) -> dict[str, np.ndarray]:
@@ -103,7 +112,37 @@ class RobosuiteEnv(SimEnv):
             raw = self.start_mid_demo(options["demo_state"], options["gripper_command"])
         if options.get("snapshot") is not None:  # a mid-episode `snapshot()`: continues that episode
             raw = self.restore(options["snapshot"])
+        if self.spec.shaping_gamma:
+            self._potential = self.progress()
         return self._obs(raw)
+
+    def step(self, action: np.ndarray):
+        obs, reward, terminated, truncated, success = super().step(action)
+        if self.spec.shaping_gamma:
+            potential = 0.0 if terminated else self.progress()
+            reward += self.spec.shaping_gamma * potential - self._potential
+            self._potential = potential
+        return obs, reward, terminated, truncated, success
+
+    def progress_at(self, states: np.ndarray) -> np.ndarray:
+        """Φ of each flattened MuJoCo state [T, D] -> [T] (this env is left at the last one)."""
+        potentials = np.empty(len(states))
+        for t, state in enumerate(states):
+            self.set_sim_state(state)
+            potentials[t] = self.progress()
+        return potentials
+
+    def progress(self) -> float:
+        """Φ(s): what robosuite's shaped reward pays at this state beyond its sparse reward (Lift: reaching
+        1 − tanh(10·distance) plus 0.25 while grasping; Can and Square: their staged reach, grasp, lift and
+        hover rewards), on the normalised scale where success pays 1."""
+        env = self.env
+        sparse = env.reward()
+        env.reward_shaping = True
+        try:
+            return float(env.reward()) - float(sparse)
+        finally:
+            env.reward_shaping = False
 
     def _success(self) -> bool:
         return bool(self.env._check_success())

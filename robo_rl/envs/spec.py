@@ -18,6 +18,8 @@ class EnvSpec:
                   is max(task_ids) + 1, not len(task_ids).
     render_size:  side of the frames `render()` returns for videos (0: no offscreen renderer
                   unless images are observed).
+    shaping_gamma: > 0 adds potential-based shaping to every reward (robosuite tasks): r + γ·Φ(s') − Φ(s),
+                  Φ the task's own shaped progress (`RobosuiteEnv.progress`), γ this value (the critic's).
     """
 
     suite: str
@@ -30,6 +32,7 @@ class EnvSpec:
     task_ids: tuple[int, ...] = (0,)
     render_size: int = 0
     terminate_on_success: bool = True
+    shaping_gamma: float = 0.0
     env_kwargs: dict = field(default_factory=dict, hash=False)
 
     @property

@@ -31,7 +31,7 @@ from robo_rl.envs.libero import task_instructions
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.offline import OfflineTrainer
 from robo_rl.train.online import OnlineTrainer
-from robo_rl.train.sources import Demos, offline_episodes
+from robo_rl.train.sources import Demos, offline_episodes, shaped_rewards
 from robo_rl.train.trainer import Progress, Trainer
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
@@ -53,6 +53,8 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
     state = _checkpoint_to_resume(cfg, run_dir)
     with distributed.main_first():  # rank 0 writes the scripted-demo cache, the others read it
         demos = offline_episodes(cfg, spec)
+    if spec.shaping_gamma and demos:
+        demos = shaped_rewards(demos, spec)
     if not online and not demos:
         raise ValueError(f"offline pretraining on {cfg.task.name} needs demonstrations: pass dataset=PATH")
     env = make_vec_env(cfg) if online else None

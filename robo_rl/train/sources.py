@@ -16,6 +16,7 @@ from robo_rl.data.hdf5 import (DatasetError, Episode, dataset_files, demo_length
                                read_hdf5, write_robomimic)
 from robo_rl.demos.collect import collect_demos, collect_libero_demos
 from robo_rl.envs.libero import task_instructions, task_of_instruction
+from robo_rl.envs.robosuite import RobosuiteEnv
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.utils.schema import ConfigError
 
@@ -100,7 +101,8 @@ def scripted_demos(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
     modality = f"{cfg.env.modality}{spec.image_size if spec.rgb_keys else ''}"
     # Within the task's own step limit, not a budget's shorter one (budget=smoke: 50 steps; the LIBERO-Object
     # expert takes ~110): the cache is shared by every budget.
-    spec = dataclasses.replace(spec, horizon=_task_horizon(cfg.task.name))
+    spec = dataclasses.replace(spec, horizon=_task_horizon(cfg.task.name), shaping_gamma=0.0)  # the cache holds
+    # the env's own rewards; a run's shaping is added as they are read (shaped_rewards)
     path = Path(cfg.demo_cache) / f"{cfg.task.name}_{modality}_{n}demos_seed{cfg.seed}.hdf5"
     keys = list(spec.low_dim_keys + spec.rgb_keys)
     if spec.suite == "libero":
@@ -118,6 +120,29 @@ def scripted_demos(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
         print(f"[data] scripted expert success rate {rate:.2f}")
         write_robomimic(path, episodes, env_args, attrs={"expert_success_rate": rate})
     return read_hdf5(path, obs_keys=keys, action_dim=ACTION_DIM, normalized_actions=True).episodes
+
+
+def shaped_rewards(demos: Demos, spec: EnvSpec) -> Demos:
+    """The demos with their rewards shaped as the online env shapes its own (`spec.shaping_gamma` = γ):
+    r_t + γ·Φ(s_{t+1}) − Φ(s_t), Φ measured on each demo's MuJoCo states, 0 after a terminal step. Demos and
+    online transitions must carry the same shaping, or the critic learns two different returns."""
+    def shape(episodes: Iterable[Episode]) -> Iterator[Episode]:
+        env = RobosuiteEnv(dataclasses.replace(spec, render_size=0))
+        try:
+            for e in episodes:
+                if e.states is None or not e.terminals[-1]:
+                    raise DatasetError(f"demo {e.name}: train.reward_shaping needs the MuJoCo `states` of every "
+                                       "step and a terminal last step (robomimic `dones`); this demo has "
+                                       f"{'no states' if e.states is None else 'no terminal at its end'}; "
+                                       "pass train.reward_shaping=false")
+                potential = env.progress_at(e.states)  # Φ(s_t) [T]
+                following = np.where(e.terminals, 0.0, np.append(potential[1:], 0.0))  # Φ(s_{t+1}) [T]
+                shaped = e.rewards + spec.shaping_gamma * following - potential
+                yield dataclasses.replace(e, rewards=shaped.astype(np.float32))
+        finally:
+            env.close()
+
+    return dataclasses.replace(demos, episodes=shape(demos.episodes))
 
 
 @dataclass
