@@ -199,6 +199,10 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
                              f"functions, which task {self.task.name} on env.backend={self.env.backend} does not "
                              "run; use a robosuite task (lift, can, square) on subprocess, sync or ray envs, or "
                              "train.reward_shaping=false")
+        if self.train.reward_shaping and self.planner.name == "qwm" and not self.agent.world_model.reward:
+            raise ValueError("train.reward_shaping=true pays a reward at every step, but without a reward head "
+                             "QWM's imagined paths count none (it assumes reward only at the success that ends an "
+                             "episode); set agent.world_model.reward=true so the world model learns r̂, or planner=none")
         if self.agent.action_horizon > 1 and self.train.nstep != 1:
             raise ValueError(f"train.nstep={self.train.nstep} with agent.action_horizon={self.agent.action_horizon}: "
                              "a chunk's TD target is the h-step return of its own actions, n-step returns over "

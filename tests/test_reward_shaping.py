@@ -67,4 +67,7 @@ def test_demos_are_shaped_as_the_env_shapes_its_own_steps(lift_spec):
 def test_shaping_is_refused_where_no_robosuite_reward_runs():
     with pytest.raises(ConfigError, match="train.reward_shaping=true.*libero_object"):
         validate(compose_config("config", ["task=libero_object", "train.reward_shaping=true"]), "config")
-    validate(compose_config("config", ["task=can", "train.reward_shaping=true"]), "config")
+    with pytest.raises(ConfigError, match="agent.world_model.reward=true.*planner=none"):
+        validate(compose_config("config", ["task=can", "train.reward_shaping=true"]), "config")
+    validate(compose_config("config", ["task=can", "train.reward_shaping=true", "agent.world_model.reward=true"]),
+             "config")
