@@ -1,5 +1,6 @@
 """Potential-based reward shaping (`train.reward_shaping`): online steps and demos are shaped alike."""
 import dataclasses
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -29,7 +30,8 @@ def test_shaped_rewards_pay_progress_and_leave_the_sparse_return_plus_potentials
     spec = dataclasses.replace(lift_spec, horizon=120, shaping_gamma=GAMMA)
     demo, online = expert_episode(spec, seed=3)
     assert demo.terminals[-1], "the expert should lift the cube within 120 steps"
-    first_potential = RobosuiteEnv(spec).progress_at(demo.states[:1])[0]
+    with closing(RobosuiteEnv(spec)) as env:
+        first_potential = env.progress_at(demo.states[:1])[0]
     T = demo.num_steps
     discounts = GAMMA ** np.arange(T)
     # Potential-based: the shaping telescopes, so the shaped return is the sparse one minus Φ(s_0) (Φ = 0 after
