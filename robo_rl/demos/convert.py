@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 import h5py
 import numpy as np
-from scipy.spatial.transform import Rotation
 
 from robo_rl.data.hdf5 import DatasetError, Episode, demo_sort_key, nonfinite_count, write_robomimic
+from robo_rl.demos.tracking import (REST_SPEED, SPEED_KEYS, TRACK_LOOKAHEAD, Recording, check_tracker_controller,
+                                    eef_pose, make_recording_env, track_path)
 from robo_rl.envs.robosuite import robomimic_obs
-from robo_rl.utils.rendering import configure_mujoco
 
 # robomimic's low-dim keys for robosuite tasks (all that robosuite 1.4 provides; robomimic's
 # `robot0_eef_vel_*` came from an older robosuite branch).
@@ -93,7 +93,7 @@ def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...
         env_kwargs.update(camera_names=list(cameras), camera_heights=image_size, camera_widths=image_size,
                           camera_depths=False)
     # drop_idle and track_path judge rest from the joint and finger speeds, whichever keys the dataset records
-    env = _make_env(env_name, env_kwargs, tuple(dict.fromkeys(low_dim_keys + SPEED_KEYS)))
+    env = make_recording_env(env_name, env_kwargs, tuple(dict.fromkeys(low_dim_keys + SPEED_KEYS)))
     rgb_keys = tuple(f"{c}_image" for c in cameras)
     try:
         episodes, reports = [], []
@@ -177,18 +177,6 @@ def _read_raw_demo(group: h5py.Group, path: str, name: str) -> RawDemo:
     return RawDemo(name, model_file, states.astype(np.float64), actions)
 
 
-def _make_env(env_name: str, env_kwargs: dict, low_dim_keys: tuple[str, ...]):
-    configure_mujoco()
-    import robosuite
-
-    env = robosuite.make(env_name, **env_kwargs)
-    # robosuite 1.4 computes some robomimic keys (robot0_joint_pos) but leaves them switched off.
-    for key in low_dim_keys:
-        if key in env.observation_names:
-            env.modify_observable(observable_name=key, attribute="active", modifier=True)
-    return env
-
-
 def _load_scene(env, path: str, demo: RawDemo, version: str) -> None:
     """Rebuild the sim from the demo's XML (asset paths rewritten for this install) at its first state."""
     if demo.actions.shape[1] != env.action_dim:
@@ -229,19 +217,13 @@ def _replay(env, demo: RawDemo) -> ReplayReport:
     return ReplayReport(demo.name, len(demo.actions), success, divergence)
 
 
-# Joint and finger speeds (rad/s, m/s) below which the robot counts as at rest: a Panda coasting after a
-# key press moves its joints at 0.05-0.5, and the rest the human Lift demos pause at is below 0.01.
-REST_SPEED = 0.02
-SPEED_KEYS = ("robot0_joint_vel", "robot0_gripper_qvel")
-
-
 def _replay_without_idle(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...],
                          rest_speed: float = REST_SPEED) -> tuple[Episode | None, ReplayReport]:
     """Replay the demo's actions from the (already loaded) first state, skipping idle steps, until success.
     The replay is the episode (None, reported as no success, when every step was idle)."""
     actions = _clip(demo.actions)
     gripper_dims = env.robots[0].gripper.dof  # robosuite puts the gripper command last
-    run = _Recording(env, low_dim_keys, rgb_keys)
+    run = Recording(env, low_dim_keys, rgb_keys)
     previous_grip = actions[0, -gripper_dims:]  # teleoperation starts with the gripper as it is
     for action in actions:
         idle = not np.any(action[:-gripper_dims]) and np.array_equal(action[-gripper_dims:], previous_grip)
@@ -250,104 +232,24 @@ def _replay_without_idle(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_
             continue
         if run.step(action):
             break
-    return run.episode(demo), ReplayReport(demo.name, len(actions), run.success, float("nan"), kept_steps=run.steps)
-
-
-# Path tracking: the target is the first point of the demo's end-effector path farther than this from the hand,
-# so the hand moves ~5 mm per control step (measured on the human Lift demos; a key pulse moves it 6 mm, then
-# it coasts for tens of steps).
-TRACK_LOOKAHEAD = 0.02  # m
-GRIP_REACH = 0.004  # m: the hand is this close to where the demo switched the gripper before it switches
-GRIP_SETTLE_SPEED = 0.05  # joint/finger speed below which the hand counts as stopped there
-GRIP_HOLD_STEPS = 8  # control steps held still after a switch while the fingers close or open
+    return (run.episode(demo.name, demo.model_file),
+            ReplayReport(demo.name, len(actions), run.success, float("nan"), kept_steps=run.steps))
 
 
 def _track_path(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...],
                 lookahead: float = TRACK_LOOKAHEAD) -> tuple[Episode | None, ReplayReport]:
     """Follow the demo's end-effector path (position and orientation at each recorded state) from its first
-    state with a proportional OSC_POSE tracker, switching the gripper command where the demo switched it once
-    the hand has reached that point and stopped, until success or the demo's own length. The tracked
-    execution is the episode; its actions are a smooth function of where the hand is on the path."""
+    state with the proportional OSC_POSE tracker (tracking.py), switching the gripper command where the demo
+    switched it, until success or the demo's own length. The tracked execution is the episode; its actions are
+    a smooth function of where the hand is on the path."""
+    check_tracker_controller(env, f"data/{demo.name}", "convert without track_path")
     actions = _clip(demo.actions)
-    controller = env.robots[0].controller
-    if controller.name != "OSC_POSE" or not controller.use_delta:
-        raise DatasetError(f"data/{demo.name}: track_path drives the OSC_POSE controller with delta actions; these "
-                           f"demos use {controller.name} (delta={controller.use_delta}); convert without track_path")
-    # action units per metre / radian: OSC_POSE scales its input range onto its output range of motion per step
-    gain = np.abs(controller.input_max - controller.input_min) / np.abs(controller.output_max - controller.output_min)
-    gripper_dims = env.robots[0].gripper.dof
-    path = [_eef_pose(_set_state(env, s)) for s in demo.states]
-    grip = actions[:, -gripper_dims:]
-    switches = [t for t in range(1, len(grip)) if not np.array_equal(grip[t], grip[t - 1])] + [len(path) - 1]
+    path = [eef_pose(_set_state(env, s)) for s in demo.states]
     _set_state(env, demo.states[0])
-    run = _Recording(env, low_dim_keys, rgb_keys)
-    target, segment, command, hold = 0, 0, grip[0], 0
-    while run.steps < len(actions):
-        position, rotation = _eef_pose(run.raw)
-        end = switches[segment]  # the target does not pass the next gripper switch
-        while target < end and np.linalg.norm(path[target][0] - position) < lookahead:
-            target += 1
-        action = np.zeros(actions.shape[1], np.float32)
-        goal_position, goal_rotation = path[target]
-        action[:3] = goal_position - position
-        action[3:6] = (goal_rotation * rotation.inv()).as_rotvec()  # OSC_POSE applies it in the world frame
-        action[:6] = np.clip(action[:6] * gain, -1.0, 1.0)
-        if (target == end < len(path) - 1 and np.linalg.norm(goal_position - position) < GRIP_REACH
-                and run.at_rest(GRIP_SETTLE_SPEED)):
-            command, segment, hold = grip[end], segment + 1, GRIP_HOLD_STEPS
-        if hold:
-            action[:6], hold = 0.0, hold - 1
-        action[6:] = command
-        if run.step(action):
-            break
-    return run.episode(demo), ReplayReport(demo.name, len(actions), run.success, float("nan"), kept_steps=run.steps)
-
-
-def _eef_pose(raw: dict) -> tuple[np.ndarray, Rotation]:
-    return raw["robot0_eef_pos"].copy(), Rotation.from_quat(raw["robot0_eef_quat"])  # robosuite quats are xyzw
-
-
-class _Recording:
-    """Real simulator steps from the env's current state, recorded as executed, until success."""
-
-    def __init__(self, env, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...]):
-        self.env, self.keys = env, (low_dim_keys, rgb_keys)
-        self.raw = env._get_observations(force_update=True)
-        self.obs, self.states, self.actions, self.rewards = [robomimic_obs(self.raw, *self.keys)], [], [], []
-        self.success = False
-
-    @property
-    def steps(self) -> int:
-        return len(self.actions)
-
-    def at_rest(self, speed: float) -> bool:
-        """Every joint and finger moves slower than `speed` (rad/s, m/s)."""
-        return max(np.abs(self.raw[k]).max() for k in SPEED_KEYS) < speed
-
-    def step(self, action: np.ndarray) -> bool:
-        """Execute and record one action; True once the task succeeds."""
-        self.states.append(self.env.sim.get_state().flatten())
-        self.raw = self.env.step(action)[0]
-        self.obs.append(robomimic_obs(self.raw, *self.keys))
-        self.actions.append(action)
-        self.rewards.append(self.env.reward())
-        self.success = bool(self.env._check_success())
-        return self.success
-
-    def episode(self, demo: RawDemo) -> Episode | None:
-        """The recorded steps as an episode that ends at its last step (None without steps)."""
-        T = self.steps
-        if not T:
-            return None
-        return Episode(
-            obs={k: np.stack([o[k] for o in self.obs]) for k in self.obs[0]},
-            actions=np.stack(self.actions),
-            rewards=np.asarray(self.rewards, np.float32),
-            terminals=np.arange(T) == T - 1,  # success ends the recording; else the last step ends the demo
-            states=np.stack(self.states),
-            model_file=demo.model_file,
-            name=demo.name,
-        )
+    run = Recording(env, low_dim_keys, rgb_keys)
+    track_path(run, path, actions[:, -env.robots[0].gripper.dof:], len(actions), lookahead=lookahead)
+    return (run.episode(demo.name, demo.model_file),
+            ReplayReport(demo.name, len(actions), run.success, float("nan"), kept_steps=run.steps))
 
 
 def _extract(env, demo: RawDemo, low_dim_keys: tuple[str, ...], rgb_keys: tuple[str, ...]) -> Episode:
