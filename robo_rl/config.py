@@ -66,9 +66,11 @@ class TaskConfig:
     task_ids: tuple[int, ...] | None  # None: every task of a LIBERO suite
     expert: str | None
     obs_keys: dict[str, ObsKeys]  # modality -> keys
+    object_symmetry: int = 1  # turns about its z axis that leave the handled object looking alike (0: any)
 
     def __post_init__(self):
         _at_least(self, 1, "horizon")
+        _at_least(self, 0, "object_symmetry")
 
 
 @dataclass
@@ -276,6 +278,27 @@ class ConvertConfig:  # conf/convert_robosuite.yaml
 
 
 @dataclass
+class GenerateDemosConfig:  # conf/generate_demos.yaml
+    task: TaskConfig
+    source: str
+    output: str
+    num_demos: int
+    max_attempts: int | None
+    noise: float
+    seed: int
+    valid_fraction: float
+
+    def __post_init__(self):
+        _at_least(self, 1, "num_demos")
+        _at_least(self, 0, "noise")
+        _fractions(self, "valid_fraction")
+        if self.max_attempts is not None:
+            _at_least(self, 1, "max_attempts")
+        if self.task.suite != "robosuite":
+            raise ValueError(f"task={self.task.name}: demos can be generated for robosuite tasks (lift, can, square)")
+
+
+@dataclass
 class DownloadConfig:  # conf/download_datasets.yaml
     name: str
     root: str | None
@@ -289,6 +312,7 @@ class DownloadConfig:  # conf/download_datasets.yaml
 SCHEMAS: dict[str, type] = {
     "config": TrainConfig, "pretrain_offline": TrainConfig, "evaluate": EvaluateConfig,
     "collect_demos": CollectDemosConfig, "convert_robosuite": ConvertConfig, "download_datasets": DownloadConfig,
+    "generate_demos": GenerateDemosConfig,
 }
 
 
@@ -302,7 +326,7 @@ SET_ELSEWHERE = {
 # -- validation --------------------------------------------------------------------------------
 def validate(cfg: DictConfig, config_name: str) -> Any:
     """Check the composed config of `conf/<config_name>.yaml` (its `hydra` node is ignored): types,
-    unknown keys, ranges, and the files it names (dataset, checkpoint). Returns the schema instance;
+    unknown keys, ranges, and the files it names (dataset or source, checkpoint). Returns the schema instance;
     raises ConfigError (or DatasetError for a dataset that cannot be used)."""
     try:
         node = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
@@ -315,8 +339,9 @@ def validate(cfg: DictConfig, config_name: str) -> Any:
         if key in (node.get(group) or {}):
             raise ConfigError(f"{group}.{key} is not a setting of its own: {where}; remove {group}.{key}")
     settings = from_dict(SCHEMAS[config_name], node)
-    if getattr(settings, "dataset", None):
-        check_dataset(settings.dataset, settings.task)
+    for demos in (getattr(settings, "dataset", None), getattr(settings, "source", None)):  # source: generate_demos
+        if demos:
+            check_dataset(demos, settings.task)
     if getattr(settings, "checkpoint", None) and latest_checkpoint(settings.checkpoint) is None:
         raise ConfigError(f"checkpoint={settings.checkpoint}: no checkpoint there; pass a step_*.pt file or a run "
                           "directory with checkpoints/step_*.pt")

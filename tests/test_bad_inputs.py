@@ -201,6 +201,10 @@ CONFIGS = {
     "demos_without_expert": ("collect_demos.py", ["task=tool_hang", "output=x.hdf5"], ["task.expert=None",
                                                                                        "task=lift"]),
     "convert_without_input": ("convert_robosuite.py", ["output=x.hdf5"], ["input is required"]),
+    "generate_for_another_task": ("generate_demos.py", ["task=can", "source={lift}", "output=x.hdf5"],
+                                  ["recorded in Lift", "task=can", "pass task=lift"]),
+    "generate_no_demos": ("generate_demos.py", ["source={lift}", "output=x.hdf5", "num_demos=0"],
+                          ["num_demos=0: must be >= 1"]),
     "convert_two_reexecutions": ("convert_robosuite.py", ["input=x.hdf5", "output=y.hdf5", "drop_idle=true",
                                                           "track_path=true"], ["track_path=true with drop_idle=true"]),
 }
