@@ -25,18 +25,18 @@ robo_rl's scripted experts do.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.spatial.transform import Rotation
 from tqdm import tqdm
 
 from robo_rl.data.hdf5 import DatasetError, Episode, read_hdf5, write_robomimic
+from robo_rl.demos.convert import ROBOSUITE_ENV_TYPE
 from robo_rl.demos.tracking import (SPEED_KEYS, Pose, Recording, check_tracker_controller, make_recording_env,
                                     track_path)
 from robo_rl.envs.robosuite import robomimic_obs
 
-ROBOSUITE_ENV_TYPE = 1  # robomimic's EnvType.ROBOSUITE_TYPE
 PATH_KEYS = ("robot0_eef_pos", "robot0_eef_quat", "object")
 # m: the tracker aims this far ahead on the moved path. 2 cm (made for human demos that coast a few mm per step)
 # took moved scripted Can demos ~2x their source's steps; at 5 cm they take 1.1-1.7x, and 11 of 12 succeeded.
@@ -120,7 +120,7 @@ def generate_demos(source_path: str, output_path: str, num_demos: int, object_sy
                            "succeeded; check that the demos succeed when re-executed (convert_robosuite.py "
                            "track_path=true reports it)")
     report = GenerationReport(len(dataset.episodes), attempts, len(generated), env_steps)
-    sources_out = [_renamed(e, f"demo_{i}") for i, e in enumerate(dataset.episodes)]
+    sources_out = [replace(e, name=f"demo_{i}") for i, e in enumerate(dataset.episodes)]
     write_robomimic(output_path, sources_out + generated, dataset.env_args, valid_fraction,
                     attrs={"generated_from": os.path.basename(source_path), "generation_seed": seed,
                            "generation_noise": noise, "generation_attempts": attempts,
@@ -132,7 +132,8 @@ def generate_demos(source_path: str, output_path: str, num_demos: int, object_sy
 def _source(episode: Episode, gripper_dims: int, overshoot: int = OVERSHOOT_STEPS) -> _Source:
     obs, T = episode.obs, episode.num_steps
     positions = obs["robot0_eef_pos"][:T + 1].astype(np.float64)  # [T+1, 3], the pose after the last step too
-    velocity = (positions[-1] - positions[-6]) / 5  # [3] the last steps' motion per step
+    last = min(5, T)
+    velocity = (positions[-1] - positions[-1 - last]) / last  # [3] the last steps' motion per step
     positions = np.concatenate([positions, positions[-1] + np.outer(np.arange(1, overshoot + 1), velocity)])
     rotations = Rotation.from_quat(obs["robot0_eef_quat"][:T + 1])
     rotations = list(rotations) + [rotations[-1]] * overshoot
@@ -171,9 +172,3 @@ def _retarget(source: _Source, segment: int, start: int, poses: list[Pose], run:
     src_position, src_rotation = source.objects[start]
     turn = _turn(now_rotation, src_rotation, symmetry)
     return [(turn.apply(p - src_position) + now_position, turn * r) for p, r in poses]
-
-
-def _renamed(episode: Episode, name: str) -> Episode:
-    return Episode(episode.obs, episode.actions, episode.rewards, episode.terminals, episode.states,
-                   episode.model_file, episode.task_id, episode.instruction, name)
-
