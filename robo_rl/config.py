@@ -110,9 +110,10 @@ class BudgetConfig:
     batch_size: int
     utd: float
     seq_horizon: int
+    offline_eval_every: int = 0  # offline gradient steps between evaluations of the policy alone (0: none)
 
     def __post_init__(self):
-        _at_least(self, 0, "offline_steps", "online_steps", "eval_every")
+        _at_least(self, 0, "offline_steps", "online_steps", "eval_every", "offline_eval_every")
         _at_least(self, 1, "num_demos", "eval_episodes", "checkpoint_every", "log_every", "batch_size", "seq_horizon")
         if not self.utd > 0:
             raise ValueError(f"utd={self.utd}: must be > 0 (gradient updates per env step)")

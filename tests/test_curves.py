@@ -11,7 +11,8 @@ def test_curve_points_align_and_a_resume_drops_the_later_ones(tmp_path):
         curve.add(steps, with_search, without)
     data = json.loads((tmp_path / "curves.json").read_text())
     assert data == {"env_steps": [500, 1000, 1500], "success": [0.5, 0.75, 0.8],
-                    "success_no_search": [0.45, 0.6, 0.7], "offline_success_rate": 0.4}
+                    "success_no_search": [0.45, 0.6, 0.7], "offline_success_rate": 0.4,
+                    "offline_steps": [], "offline_success": []}
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
     resumed = LearningCurve(tmp_path, resume_env_steps=1200)  # the checkpoint before the crash was at 1200
@@ -19,3 +20,23 @@ def test_curve_points_align_and_a_resume_drops_the_later_ones(tmp_path):
     data = json.loads((tmp_path / "curves.json").read_text())
     assert data["env_steps"] == [500, 1000, 1500] and data["success"] == [0.5, 0.75, 0.9]
     assert data["success_no_search"] == [0.45, 0.6, None] and data["offline_success_rate"] == 0.4
+
+
+def test_offline_points_get_their_own_panel_and_a_resume_drops_the_later_ones(tmp_path):
+    curve = LearningCurve(tmp_path)
+    for step, rate in ((1000, 0.7), (2000, 0.8), (3000, 0.2)):
+        curve.add_offline(step, rate)
+    data = json.loads((tmp_path / "curves.json").read_text())
+    assert data["offline_steps"] == [1000, 2000, 3000] and data["offline_success"] == [0.7, 0.8, 0.2]
+    assert data["env_steps"] == []
+    (tmp_path / "online_only").mkdir()
+    one_panel = LearningCurve(tmp_path / "online_only")
+    one_panel.add(500, 0.5)
+    # the offline panel makes the figure wider (10 x 4 in against 6 x 4 in at 100 dpi)
+    from matplotlib.image import imread
+    assert imread(tmp_path / "curves.png").shape[1] == 1000 and imread(tmp_path / "online_only" / "curves.png").shape[1] == 600
+
+    resumed = LearningCurve(tmp_path, resume_env_steps=0, resume_offline_step=2500)  # offline checkpoint at 2500
+    resumed.add_offline(3000, 0.6)
+    data = json.loads((tmp_path / "curves.json").read_text())
+    assert data["offline_steps"] == [1000, 2000, 3000] and data["offline_success"] == [0.7, 0.8, 0.6]

@@ -29,7 +29,7 @@ def train(run_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.Comp
 @pytest.fixture(scope="module")
 def lift_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("train") / "lift"
-    train(run_dir, "task=lift")
+    train(run_dir, "task=lift", "budget.offline_eval_every=15")
     return run_dir
 
 
@@ -62,9 +62,15 @@ def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
     steps = [l["step"] for l in lines]
     assert steps == sorted(steps) and max(steps) == 30 + 60  # one axis: offline steps, then env steps after them
     curves = json.loads((run_dir / "curves.json").read_text())
+    offline_curve = {k: curves.pop(k) for k in ("offline_steps", "offline_success")}
     assert curves == {"env_steps": [60], "success": [result["success_rate"]],
                       "success_no_search": [result["success_rate_no_search"]],
                       "offline_success_rate": result["offline_success_rate"]}
+    # budget.offline_eval_every=15 of 30 offline steps: the policy alone at 15 and 30, 2 episodes each
+    assert offline_curve["offline_steps"] == [15, 30]
+    assert all(rate in (0.0, 0.5, 1.0) for rate in offline_curve["offline_success"])
+    logged = [(l["step"], l["eval/offline_curve_success_rate"]) for l in lines if "eval/offline_curve_success_rate" in l]
+    assert logged == list(zip([15, 30], offline_curve["offline_success"]))
     assert (run_dir / "curves.png").exists()
 
 

@@ -1,9 +1,11 @@
 """Learning curves of a run: success vs online env steps, with and without search, and the offline start.
 
 `curves.json` holds {"env_steps": [...], "success": [...], "success_no_search": [...],
-"offline_success_rate": x}, lists aligned by index (success_no_search is null where a run without
-search has no second actor); `curves.png` draws them. Both are rewritten after every evaluation,
-so a crashed run keeps its curve; a resumed run drops the points after its checkpoint first.
+"offline_success_rate": x, "offline_steps": [...], "offline_success": [...]}, lists aligned by index
+(success_no_search is null where a run without search has no second actor; the offline lists are the
+policy alone every `budget.offline_eval_every` gradient steps, empty when that is 0); `curves.png` draws
+them, the offline curve in a panel of its own. Both are rewritten after every evaluation, so a crashed
+run keeps its curve; a resumed run drops the points after its checkpoint first.
 """
 from __future__ import annotations
 
@@ -18,15 +20,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 from robo_rl.utils.logging import write_json  # noqa: E402
 
 
+ONLINE_KEYS = ("env_steps", "success", "success_no_search")
+OFFLINE_KEYS = ("offline_steps", "offline_success")
+
+
 class LearningCurve:
-    def __init__(self, run_dir: str | Path, resume_env_steps: int | None = None):
+    """resume_env_steps / resume_offline_step: the counters of the checkpoint a resumed run starts from."""
+
+    def __init__(self, run_dir: str | Path, resume_env_steps: int | None = None, resume_offline_step: int = 0):
         self.json_path, self.png_path = Path(run_dir) / "curves.json", Path(run_dir) / "curves.png"
-        self.data = {"env_steps": [], "success": [], "success_no_search": [], "offline_success_rate": None}
+        self.data = {**{k: [] for k in ONLINE_KEYS}, "offline_success_rate": None, **{k: [] for k in OFFLINE_KEYS}}
         if resume_env_steps is not None and self.json_path.exists():
             old = json.loads(self.json_path.read_text())
-            keep = [i for i, s in enumerate(old["env_steps"]) if s <= resume_env_steps]
-            self.data = {k: [old[k][i] for i in keep] for k in ("env_steps", "success", "success_no_search")}
             self.data["offline_success_rate"] = old["offline_success_rate"]
+            for keys, counter, done in ((ONLINE_KEYS, "env_steps", resume_env_steps),
+                                        (OFFLINE_KEYS, "offline_steps", resume_offline_step)):
+                keep = [i for i, s in enumerate(old.get(counter, [])) if s <= done]
+                self.data |= {k: [old[k][i] for i in keep] for k in keys}
 
     def set_offline(self, success_rate: float) -> None:
         self.data["offline_success_rate"] = success_rate
@@ -35,15 +45,28 @@ class LearningCurve:
     def add(self, env_steps: int, success: float, success_no_search: float | None = None) -> None:
         """A point at env_steps; one already there (a periodic evaluation at the last step) is replaced."""
         if self.data["env_steps"] and self.data["env_steps"][-1] == env_steps:
-            for key in ("env_steps", "success", "success_no_search"):
+            for key in ONLINE_KEYS:
                 self.data[key].pop()
-        for key, value in (("env_steps", env_steps), ("success", success), ("success_no_search", success_no_search)):
+        for key, value in zip(ONLINE_KEYS, (env_steps, success, success_no_search)):
             self.data[key].append(value)
+        self._write()
+
+    def add_offline(self, offline_step: int, success: float) -> None:
+        """The policy alone after `offline_step` gradient steps on the demonstrations."""
+        self.data["offline_steps"].append(offline_step)
+        self.data["offline_success"].append(success)
         self._write()
 
     def _write(self) -> None:
         write_json(self.json_path, self.data)
-        fig, ax = plt.subplots(figsize=(6, 4))
+        offline_curve = bool(self.data["offline_steps"])
+        fig, axes = plt.subplots(1, 1 + offline_curve, figsize=(6 + 4 * offline_curve, 4), squeeze=False)
+        if offline_curve:  # where pretraining peaked or fell off: the online curve starts from its end
+            ax = axes[0, 0]
+            ax.plot(self.data["offline_steps"], self.data["offline_success"], "o-", color="tab:green")
+            ax.set(xlabel="offline gradient steps", ylabel="success rate (policy alone)", ylim=(-0.02, 1.02))
+            ax.grid(alpha=0.3)
+        ax = axes[0, -1]
         steps = self.data["env_steps"]
         ax.plot(steps, self.data["success"], "o-", label="with search" if any(
             v is not None for v in self.data["success_no_search"]) else "policy")

@@ -84,9 +84,10 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
         logger = RunLogger(run_dir if rank == 0 else run_dir / f"rank{rank}",
                            cfg if rank == 0 else OmegaConf.merge(cfg, {"logger": {"mode": "disabled"}}),
                            name=f"{cfg.task.name}-{run_dir.name}", resume_step=-1 if state is None else progress.step)
-        curve = LearningCurve(run_dir, resume_env_steps=None if state is None else progress.env_steps)
+        curve = LearningCurve(run_dir, resume_env_steps=None if state is None else progress.env_steps,
+                              resume_offline_step=progress.offline_step)
 
-        trainer: Trainer = OfflineTrainer(cfg, None, agent, buffer, logger, run_dir, progress)
+        trainer: Trainer = OfflineTrainer(cfg, agent, buffer, logger, run_dir, progress, curve)
         trainer.train()
         if online:
             trainer = OnlineTrainer(cfg, env, agent, buffer, logger, run_dir, progress, curve)
