@@ -1,6 +1,8 @@
 """Learning curves: aligned lists in curves.json, a PNG, points after a resumed checkpoint dropped."""
 import json
 
+from matplotlib.image import imread
+
 from robo_rl.train.curves import LearningCurve
 
 
@@ -33,7 +35,6 @@ def test_offline_points_get_their_own_panel_and_a_resume_drops_the_later_ones(tm
     one_panel = LearningCurve(tmp_path / "online_only")
     one_panel.add(500, 0.5)
     # the offline panel makes the figure wider (10 x 4 in against 6 x 4 in at 100 dpi)
-    from matplotlib.image import imread
     assert imread(tmp_path / "curves.png").shape[1] == 1000 and imread(tmp_path / "online_only" / "curves.png").shape[1] == 600
 
     resumed = LearningCurve(tmp_path, resume_env_steps=0, resume_offline_step=2500)  # offline checkpoint at 2500

@@ -69,6 +69,7 @@ def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
     # budget.offline_eval_every=15 of 30 offline steps: the policy alone at 15 and 30, 2 episodes each
     assert offline_curve["offline_steps"] == [15, 30]
     assert all(rate in (0.0, 0.5, 1.0) for rate in offline_curve["offline_success"])
+    assert offline_curve["offline_success"][-1] == result["offline_success_rate"]  # the last point is the offline start
     logged = [(l["step"], l["eval/offline_curve_success_rate"]) for l in lines if "eval/offline_curve_success_rate" in l]
     assert logged == list(zip([15, 30], offline_curve["offline_success"]))
     assert (run_dir / "curves.png").exists()

@@ -9,8 +9,8 @@ from tqdm import tqdm
 from robo_rl.agents.sorl import SORLAgent
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.train.curves import LearningCurve
-from robo_rl.train.trainer import Progress, Trainer
-from robo_rl.utils.logging import RunLogger
+from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
+from robo_rl.utils.logging import RunLogger, write_json
 
 
 class OfflineTrainer(Trainer):
@@ -44,9 +44,19 @@ class OfflineTrainer(Trainer):
                 self.logger.log({f"offline/{k}": v for k, v in metrics.items()}, step + 1)
                 bar.set_postfix(fm=f"{metrics['fm_loss']:.3f}", critic=f"{metrics['critic_loss']:.3f}")
             if budget.offline_eval_every and (step + 1) % budget.offline_eval_every == 0 and self.main:
-                rate = self.eval(f"offline{step + 1}", ["none"])["actors"]["none"]["success_rate"]
-                self.curve.add_offline(step + 1, rate)
-                self.logger.log({"eval/offline_curve_success_rate": rate}, step + 1)
+                self._evaluate_policy_alone()
             if (step + 1) % budget.checkpoint_every == 0 or step + 1 == budget.offline_steps:
                 self.save()
         bar.close()
+
+    def _evaluate_policy_alone(self) -> None:
+        """A point of the offline curve. The last one is also the offline start the online phase would
+        otherwise evaluate again: it is written where that phase reads it (offline_eval.json)."""
+        step = self.progress.offline_step
+        result = self.eval(f"offline{step}", ["none"])["actors"]["none"]
+        self.curve.add_offline(step, result["success_rate"])
+        metrics = {"eval/offline_curve_success_rate": result["success_rate"]}
+        if step == self.cfg.budget.offline_steps:
+            write_json(self.run_dir / OFFLINE_EVAL, result)
+            metrics["eval/offline_success_rate"] = result["success_rate"]
+        self.logger.log(metrics, step)

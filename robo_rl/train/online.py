@@ -19,7 +19,7 @@ from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.envs import env_spec
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.sources import demo_starts
-from robo_rl.train.trainer import Progress, Trainer
+from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
 
@@ -127,11 +127,11 @@ class OnlineTrainer(Trainer):
                                                  for p in picks])
 
     def _evaluate_offline_start(self) -> None:
-        """The policy fine-tuning starts from, evaluated once (a resumed run reads it back from
-        offline_eval.json): the line the learning curve must climb above."""
+        """The policy fine-tuning starts from, evaluated once (read back from offline_eval.json when the offline
+        trainer's curve already evaluated it, or by a resumed run): the line the learning curve must climb above."""
         if not self.main:
             return
-        path = self.run_dir / "offline_eval.json"
+        path = self.run_dir / OFFLINE_EVAL
         if self.buffer.num_offline and not path.exists():
             write_json(path, self.eval("offline", ["none"])["actors"]["none"])
             self.logger.log({"eval/offline_success_rate": json.loads(path.read_text())["success_rate"]},

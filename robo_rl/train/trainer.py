@@ -21,6 +21,9 @@ from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger
 
 
+OFFLINE_EVAL = "offline_eval.json"  # the policy alone where pretraining ended: the line the online curve must climb above
+
+
 @dataclass
 class Progress:
     """The run's counters, saved in every checkpoint."""
