@@ -6,6 +6,7 @@ capacity / num_envs observation slots, and an episode of T steps writes T+1 of t
 """
 from collections import deque
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -89,6 +90,10 @@ class World:
         online = {lab for ring in self.rings for lab in ring}
         return {k for k in self.truth if k[0] in self.offline_ids or k in online}
 
+    def succeeded(self) -> set[int]:
+        """Episodes that ended in success (a terminal step): the rows bc_data="successes" clones beyond the demos."""
+        return {ep for (ep, _), (_, terminal, _) in self.truth.items() if terminal}
+
     def nstep(self, ep: int, t: int, n: int, held: set) -> tuple[float, float, tuple[int, int]]:
         ret, disc, k = 0.0, 1.0, 0
         while True:
@@ -143,10 +148,12 @@ def test_samples_match_brute_force_and_never_cross_episodes(num_envs, capacity, 
         return
 
     batch = buffer.sample(16, nstep=nstep)
-    for start, nxt, ret, disc, off in zip(labels(batch["obs"]["state"]), labels(batch["next_obs"]["state"]),
-                                          batch["reward"].tolist(), batch["discount"].tolist(),
-                                          batch["offline"].tolist()):
+    succeeded = world.succeeded()
+    for start, nxt, ret, disc, off, success in zip(
+            labels(batch["obs"]["state"]), labels(batch["next_obs"]["state"]), batch["reward"].tolist(),
+            batch["discount"].tolist(), batch["offline"].tolist(), batch["success"].tolist()):
         assert start in held and off == (start[0] in world.offline_ids)
+        assert success == (start[0] in succeeded)  # running online episodes: not (yet) a success
         want_ret, want_disc, want_next = world.nstep(*start, nstep, held)
         assert nxt == want_next
         assert ret == pytest.approx(want_ret, rel=1e-5, abs=1e-5) and disc == pytest.approx(want_disc, rel=1e-5)
@@ -186,6 +193,7 @@ def test_samples_match_brute_force_and_never_cross_episodes(num_envs, capacity, 
         ep, t = labels(chunks["obs"]["state"][b])[0]
         assert (ep, t) in offline_windows | online_windows
         assert chunks["offline"][b].item() == ((ep, t) in offline_windows)  # the rows bc_data="offline" clones
+        assert chunks["success"][b].item() == (ep in succeeded)
         assert labels(chunks["action"][b]) == [(ep, t + k) for k in range(horizon)]
         assert labels(chunks["next_obs"]["state"][b]) == [(ep, t + horizon)]
         truth = [world.truth[ep, t + k] for k in range(horizon)]
@@ -234,11 +242,12 @@ def test_save_load_gives_identical_samples(tmp_path):
     buffer.sample(8, nstep=3)  # advance the RNG: the saved state must be the current one
     buffer.save(tmp_path / "buffer.h5")
     loaded = ReplayBuffer.load(tmp_path / "buffer.h5")
+    saved_sizes = (loaded.num_offline, loaded.num_online)
     assert [p.name for p in tmp_path.iterdir()] == ["buffer.h5"]
     assert (loaded.num_offline, loaded.num_online) == (buffer.num_offline, buffer.num_online)
     for _ in range(3):
         a, b = buffer.sample(32, nstep=3), loaded.sample(32, nstep=3)
-        for k in ("action", "reward", "discount", "offline"):
+        for k in ("action", "reward", "discount", "offline", "success"):
             assert torch.equal(a[k], b[k]), k
         for k in SHAPES:
             assert torch.equal(a["obs"][k], b["obs"][k]) and torch.equal(a["next_obs"][k], b["next_obs"][k])
@@ -251,6 +260,13 @@ def test_save_load_gives_identical_samples(tmp_path):
     world.buffer, world.rng.bit_generator.state = buffer, rng_state
     world.step(max_len=5)
     assert torch.equal(buffer.sample(64)["obs"]["state"], loaded.sample(64)["obs"]["state"])
+
+    # A buffer saved before the success flags existed still loads, with none set
+    with h5py.File(tmp_path / "buffer.h5", "a") as f:
+        del f["offline/success"], f["online/success"]
+    old = ReplayBuffer.load(tmp_path / "buffer.h5")
+    assert (old.num_offline, old.num_online) == saved_sizes
+    assert loaded.sample(64)["success"].any() and not old.sample(64)["success"].any()
 
 
 def test_reseeded_copies_of_one_saved_buffer_draw_their_own_batches(tmp_path):

@@ -82,6 +82,30 @@ def test_bc_only_when_q_weight_is_zero():
     assert info["actor_loss"] == pytest.approx(10 * info["fm_loss"] + 10 * info["sc_loss"], rel=1e-5)
 
 
+@pytest.mark.parametrize("bc_data, cloned", [("offline", (True, False, False)), ("successes", (True, True, False)),
+                                             ("all", (True, True, True))])
+def test_bc_data_picks_the_rows_flow_matching_clones(bc_data, cloned):
+    """Rows in three groups: demos, online rows of successful episodes, other online rows. Changing the
+    actions of a group moves the flow-matching loss exactly when bc_data clones that group."""
+    batch = synthetic_batch(LIFT_SHAPES)
+    group = torch.arange(64) % 3
+    batch |= {"offline": group == 0, "success": group <= 1}  # demos count as successes too
+
+    def fm_loss(b: dict) -> float:
+        torch.manual_seed(0)
+        agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config(bc_data=bc_data, q_weight=0.0))
+        torch.manual_seed(1)  # the same noise and flow times for every action set
+        return agent.update(b)["fm_loss"]
+
+    reference = fm_loss(batch)
+    for g in range(3):
+        changed = batch | {"action": torch.where((group == g)[:, None], -batch["action"], batch["action"])}
+        assert (fm_loss(changed) != reference) == cloned[g], g
+    if bc_data == "successes":
+        with pytest.raises(ValueError, match="success"):
+            fm_loss({k: v for k, v in batch.items() if k != "success"})
+
+
 def test_action_chunks_and_image_obs():
     torch.manual_seed(0)
     shapes = {"agentview_image": (3, 48, 48), "object": (10,), "task_id": ()}

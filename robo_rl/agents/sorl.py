@@ -34,6 +34,9 @@ from robo_rl.nets.mlp import ema_update_
 from robo_rl.utils import distributed
 
 
+BC_DATA = ("offline", "successes", "all")  # SORLConfig.bc_data's choices
+
+
 @dataclass
 class SORLConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
@@ -47,7 +50,9 @@ class SORLConfig:
     best_of_n: int = 1  # act(): candidates per state verified by the critic
     fm_weight: float = 10.0
     # Which replay rows the flow-matching (BC) term clones: "offline" (the demonstrations only, so the policy
-    # does not imitate its own exploration and search actions once online data fills the batches), or "all".
+    # does not imitate its own exploration and search actions once online data fills the batches),
+    # "successes" (the demonstrations and every online episode that ended in success: filtered self-imitation,
+    # so what search found that worked becomes the policy's), or "all".
     bc_data: str = "offline"
     sc_weight: float = 10.0
     q_weight: float = 2.0  # task-tuned (SORL: 10-500; 10 was fragile here, conf/agent/sorl.yaml); 0: BC only
@@ -84,8 +89,8 @@ class SORLConfig:
         for name in ("lr", "grad_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)}: must be > 0")
-        if self.bc_data not in ("all", "offline"):
-            raise ValueError(f"bc_data={self.bc_data!r}: must be 'all' or 'offline'")
+        if self.bc_data not in BC_DATA:
+            raise ValueError(f"bc_data={self.bc_data!r}: must be one of {BC_DATA}")
         if self.max_nonfinite_updates < 1:
             raise ValueError(f"max_nonfinite_updates={self.max_nonfinite_updates}: must be >= 1")
 
@@ -192,7 +197,8 @@ class SORLAgent(nn.Module):
 
         batch: obs / next_obs: key -> [B, ...] (images uint8); action [B, A] or [B, h, A];
                reward [B] (n-step discounted sum); discount [B] (gamma^n * (1 - terminal));
-               offline [B] bool (with bc_data="offline", the rows flow matching clones; otherwise unused).
+               offline, success [B] bool (the rows from demos / from episodes that ended in success: with
+               bc_data "offline" or "successes", they pick the rows flow matching clones).
         seq:   {"obs": key -> [B, H+1, ...], "action": [B, H, A], "reward", "terminal": [B, H]} for the
                world model's multi-step latent consistency loss (ignored without a world model).
         Returns losses and diagnostics as floats. An update whose loss or gradient norm is not finite
@@ -212,12 +218,7 @@ class SORLAgent(nn.Module):
             next_z = self.target_encoder(self._to_device(batch["next_obs"]))
 
         critic_loss, info = self.critic_loss(z, action, reward, discount, next_z)
-        bc_rows = None
-        if self.config.bc_data == "offline":
-            if "offline" not in batch:
-                raise ValueError("batch has no `offline` flags, which bc_data='offline' clones by (ReplayBuffer's "
-                                 "samples carry them); add them or set agent.bc_data=all")
-            bc_rows = batch["offline"].to(self.device)
+        bc_rows = self._bc_rows(batch)
         actor_loss, actor_info = self.actor_loss(z, action, bc_rows)
         loss, wm_info = critic_loss + actor_loss, {}
         if self.world_model is not None and seq is not None:
@@ -338,6 +339,18 @@ class SORLAgent(nn.Module):
         self.critic.update_target(tau)
 
     # --- helpers ----------------------------------------------------------------------------------
+
+    def _bc_rows(self, batch: dict) -> torch.Tensor | None:
+        """The rows [B] bool that flow matching clones (None: all of them), by `bc_data`."""
+        mode = self.config.bc_data
+        if mode == "all":
+            return None
+        needed = ("offline",) if mode == "offline" else ("offline", "success")
+        if missing := [k for k in needed if k not in batch]:
+            raise ValueError(f"batch has no {missing} flags, which bc_data={mode!r} clones by (ReplayBuffer's "
+                             "samples carry them); add them or set agent.bc_data=all")
+        rows = batch["offline"].to(self.device)
+        return rows | batch["success"].to(self.device) if mode == "successes" else rows
 
     def _learners(self) -> list[tuple[str, nn.Module]]:
         """The trained modules, each clipped on its own."""

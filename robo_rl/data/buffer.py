@@ -107,13 +107,15 @@ class _Slots:
         self.reward = np.zeros(n, np.float32)
         self.terminal = np.zeros(n, bool)
         self.valid = np.zeros(n, bool)
+        self.success = np.zeros(n, bool)  # the slot's episode ended in success (a terminal step)
 
     def __len__(self) -> int:
         return len(self.valid)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {**{f"obs/{k}": v for k, v in self.obs.items()}, "action": self.action, "reward": self.reward,
-                "terminal": self.terminal, "valid": self.valid}
+                "terminal": self.terminal, "valid": self.valid,
+                "success": self.success}
 
 
 class _OutputPool:
@@ -218,6 +220,7 @@ class ReplayBuffer:
             new.reward[steps] = e.rewards
             new.terminal[steps] = e.terminals
             new.valid[steps] = True
+            new.success[steps] = e.terminals.any()
             start += T + 1
         if added != len(lengths):
             raise ValueError(f"lengths announced {len(lengths)} episodes but {added} came; pass the T of every "
@@ -254,8 +257,10 @@ class ReplayBuffer:
         self._write_obs(self._claim_slots(live), next_obs, live)
 
         for e in live[done[live]]:
-            start = int(self._episode_start[e])
-            self._finished.append((int(e), start, int(self._pos[e] - 1 - start)))
+            start, steps = int(self._episode_start[e]), int(self._pos[e] - 1 - self._episode_start[e])
+            self._finished.append((int(e), start, steps))
+            if terminated[e]:  # known only now, so the flag goes back over the whole episode
+                o.success[e * self.stream_len + (start + np.arange(steps)) % self.stream_len] = True
         self._needs_first_obs[live] = done[live]
 
     def end_episodes(self, envs=None) -> None:
@@ -280,6 +285,7 @@ class ReplayBuffer:
         o = self._online
         self._num_online -= int(o.valid[slots].sum())
         o.valid[slots] = False
+        o.success[slots] = False
         self._pos[envs] += 1
         return slots
 
@@ -319,7 +325,8 @@ class ReplayBuffer:
         """Transitions with n-step returns.
 
         Returns obs / next_obs: key -> [B, ...]; action [B, A]; reward [B] (discounted n-step sum,
-        stopping at the episode's end); discount [B] = gamma**n_taken * (1 - terminal); offline [B] bool.
+        stopping at the episode's end); discount [B] = gamma**n_taken * (1 - terminal); offline [B] bool;
+        success [B] bool (the transition's episode ended in success; an online episode still running: False).
         """
         if nstep < 1:
             raise ValueError(f"nstep={nstep} must be >= 1")
@@ -338,13 +345,14 @@ class ReplayBuffer:
             "next_obs": {k: self._take([(p.obs[k], nxt) for p, _, nxt, *_ in draws], (B, *shape))
                          for k, shape in self.obs_shapes.items()},
             "offline": self._tensor(np.concatenate([np.full(len(d[1]), d[0] is self._offline) for d in draws])),
+            "success": self._tensor(np.concatenate([p.success[s] for p, s, *_ in draws])),
         }
 
     def sample_sequences(self, batch_size: int, horizon: int) -> dict:
         """Sub-trajectories of `horizon` steps inside one episode.
 
         Returns obs: key -> [B, H+1, ...]; action [B, H, A]; reward [B, H]; terminal [B, H] bool;
-        offline [B] bool (the window lies in a demonstration).
+        offline [B] bool (the window lies in a demonstration); success [B] bool (its episode ended in success).
         """
         if horizon < 1:
             raise ValueError(f"horizon={horizon} must be >= 1")
@@ -363,13 +371,14 @@ class ReplayBuffer:
             "reward": self._take([(p.reward, i) for p, i in steps], (B, H)),
             "terminal": self._take([(p.terminal, i) for p, i in steps], (B, H)),
             "offline": self._tensor(np.concatenate([np.full(len(w), p is self._offline) for p, w in windows])),
+            "success": self._tensor(np.concatenate([p.success[w[:, 0]] for p, w in windows])),
         }
 
     def sample_chunks(self, batch_size: int, horizon: int) -> dict:
         """Transitions whose action is a chunk of `horizon` consecutive actions inside one episode.
 
         The format of `sample`: obs, next_obs (the observation after the chunk); action [B, h, A];
-        reward [B] = sum_k gamma^k r_k; discount [B] = gamma^h (1 - terminal); offline [B] bool.
+        reward [B] = sum_k gamma^k r_k; discount [B] = gamma^h (1 - terminal); offline, success [B] bool.
         """
         seq = self.sample_sequences(batch_size, horizon)
         reward = seq["reward"].float()
@@ -381,6 +390,7 @@ class ReplayBuffer:
             "reward": reward @ powers,
             "discount": self.gamma**horizon * (~seq["terminal"].any(1)).float(),
             "offline": seq["offline"],
+            "success": seq["success"],
         }
 
     def can_sample_sequences(self, horizon: int) -> bool:
@@ -535,11 +545,16 @@ class ReplayBuffer:
             n_offline = len(f["offline/valid"])
             buffer._offline = _Slots(n_offline, buffer.obs_shapes, buffer.obs_dtypes, buffer.action_dim)
             # read_direct: straight into the buffer's arrays, never a second copy of the data in memory
+            # A buffer saved before the `success` flags existed loads with none set (bc_data=successes then
+            # clones only the episodes that end after the resume)
+            missing = lambda part, name: name == "success" and f"{part}/{name}" not in f  # noqa: E731
             for name, array in buffer._offline.arrays().items():
-                if n_offline:
+                if n_offline and not missing("offline", name):
                     f[f"offline/{name}"].read_direct(array)
             buffer._num_offline = int(buffer._offline.valid.sum())
             for name, array in buffer._online.arrays().items():
+                if missing("online", name):
+                    continue
                 stored = f[f"online/{name}"]
                 streams = array.reshape(buffer.num_envs, buffer.stream_len, *array.shape[1:])
                 if stored.shape[1]:
