@@ -257,10 +257,11 @@ class ReplayBuffer:
         self._write_obs(self._claim_slots(live), next_obs, live)
 
         for e in live[done[live]]:
-            start, steps = int(self._episode_start[e]), int(self._pos[e] - 1 - self._episode_start[e])
+            start = int(self._episode_start[e])
+            steps = int(self._pos[e]) - 1 - start
             self._finished.append((int(e), start, steps))
             if terminated[e]:  # known only now, so the flag goes back over the whole episode
-                o.success[e * self.stream_len + (start + np.arange(steps)) % self.stream_len] = True
+                o.success[self._ring_slots(e, start, steps)] = True
         self._needs_first_obs[live] = done[live]
 
     def end_episodes(self, envs=None) -> None:
@@ -288,6 +289,10 @@ class ReplayBuffer:
         o.success[slots] = False
         self._pos[envs] += 1
         return slots
+
+    def _ring_slots(self, stream: int, start: int, n: int) -> np.ndarray:
+        """The online slots [n] of `n` consecutive positions of one env stream from `start` (wrapping in its ring)."""
+        return stream * self.stream_len + (start + np.arange(n)) % self.stream_len
 
     def _write_obs(self, slots: np.ndarray, obs: Mapping, envs: np.ndarray) -> None:
         for k in self.obs_shapes:
@@ -493,7 +498,7 @@ class ReplayBuffer:
         self._finished = [(e, start, T) for e, start, T in self._finished if start >= self._pos[e] - self.stream_len]
         episodes = []
         for stream, start, steps in self._finished:
-            slots = stream * self.stream_len + (start + np.arange(steps + 1)) % self.stream_len
+            slots = self._ring_slots(stream, start, steps + 1)
             o, acts = self._online, slots[:-1]
             obs = {k: v[slots] for k, v in o.obs.items()}
             task = int(obs[TASK_KEY][0]) if TASK_KEY in obs else 0
@@ -547,13 +552,13 @@ class ReplayBuffer:
             # read_direct: straight into the buffer's arrays, never a second copy of the data in memory
             # A buffer saved before the `success` flags existed loads with none set (bc_data=successes then
             # clones only the episodes that end after the resume)
-            missing = lambda part, name: name == "success" and f"{part}/{name}" not in f  # noqa: E731
+            unsaved = {key for key in ("offline/success", "online/success") if key not in f}
             for name, array in buffer._offline.arrays().items():
-                if n_offline and not missing("offline", name):
+                if n_offline and f"offline/{name}" not in unsaved:
                     f[f"offline/{name}"].read_direct(array)
             buffer._num_offline = int(buffer._offline.valid.sum())
             for name, array in buffer._online.arrays().items():
-                if missing("online", name):
+                if f"online/{name}" in unsaved:
                     continue
                 stored = f[f"online/{name}"]
                 streams = array.reshape(buffer.num_envs, buffer.stream_len, *array.shape[1:])
