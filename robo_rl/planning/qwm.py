@@ -67,6 +67,16 @@ dense): a cost that keeps the robot where the model has data may also keep it fr
 reading, not checked in videos). Fresh Can runs collected and evaluated with β = 0 still lose to the policy
 (seeds 0 / 1: −0.22 / −0.36; critic best-of-N −0.06 / −0.34): README, search section.
 
+The tree value is noisy: its probe and leaf actions are policy samples, and two scorings of the same 8 candidates
+at 256 replay states of each of four Can checkpoints differ by an sd of 0.0004-0.0008, half of T's spread over the
+candidates (0.0009-0.0016). Tried and not kept (2026-12-05): common random numbers, every root action of a state
+scored with the same probe and leaf draws. The retest noise fell 3-5x (retest Spearman 0.5 → 0.9), but success did
+not rise where the critic ranks well (paired, 200 episodes each: Can-10 checkpoints 0.815 → 0.835, 0.790 → 0.790;
+the Lift few-demo recipe's two checkpoints 0.91 → 0.91, 0.93 → 0.92 over 100), and where it ranks badly it did not
+help either: on two Can-50 checkpoints 0.38 → 0.40 (50; policy alone 0.70) and 0.59 → 0.44 (−0.15 [−0.26, −0.04]
+over 100; policy alone 0.91). Independent draws randomise the pick, and where the ranking leans the same way at
+every state that randomness keeps the drift down (our reading of the second checkpoint).
+
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
 termination head multiplies later terms by the probability that the imagined episode is still
