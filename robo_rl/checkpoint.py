@@ -16,6 +16,12 @@ and an online checkpoint also {"buffer": {"file": "buffer_XXXXXXXX.h5", "write_c
 replay buffer, saved beside it. Every file is written atomically (temp file, then rename) and the buffer
 before the checkpoint that names it, so a crash at any moment leaves the newest complete checkpoint with
 exactly its own buffer; files of a torn save are ignored and pruned. The newest two are kept.
+
+Every online point of the learning curve (`budget.eval_every`, and the final evaluation) also keeps the agent
+it evaluated, `checkpoints/curve/step_XXXXXXXX.pt`, never pruned: `agent_snapshot`'s keys {"agent", "config",
+"obs_shapes", "num_tasks", "phase", "offline_step", "env_steps"}, without the optimizer and RNG states only
+resuming needs (0.4 of the size: 14 MB at budget=cpu_long on Can). `evaluate.py checkpoint=<that file> compare=[...]` evaluates any point
+of a run again, on as many paired episodes as it takes (`scripts/plot_evals.py` draws such evaluations).
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from robo_rl.utils.schema import ConfigError, from_dict
 from robo_rl.utils.seeding import rng_state, set_rng_state
 
 KEEP_LAST = 2
+CURVE_DIR = "curve"  # under checkpoints/: the agents the learning curve's points evaluated
 # Agent settings that change how a trained agent acts, not its weights: evaluate.py may override them.
 ACTING_SETTINGS = ("sample_steps", "best_of_n")
 
@@ -91,12 +98,10 @@ def build_actor(agent: SORLAgent, planner_cfg: Mapping | DictConfig | None, gamm
 
 
 # -- checkpoint files --------------------------------------------------------------------------
-def training_state(cfg: DictConfig, agent: SORLAgent, phase: str, offline_step: int, env_steps: int) -> dict:
-    """What a checkpoint holds (module docstring): everything to resume `phase` ("offline" | "online")."""
+def agent_snapshot(cfg: DictConfig, agent: SORLAgent, phase: str, offline_step: int, env_steps: int) -> dict:
+    """What rebuilds and evaluates the agent (a curve checkpoint, module docstring): weights, config, counters."""
     return {
         "agent": agent.state_dict(),
-        "optimizer": agent.optimizer.state_dict(),
-        "rng": rng_state(),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "obs_shapes": agent.encoder.obs_shapes,
         "num_tasks": agent.encoder.num_tasks,
@@ -104,6 +109,12 @@ def training_state(cfg: DictConfig, agent: SORLAgent, phase: str, offline_step: 
         "offline_step": offline_step,
         "env_steps": env_steps,
     }
+
+
+def training_state(cfg: DictConfig, agent: SORLAgent, phase: str, offline_step: int, env_steps: int) -> dict:
+    """What a checkpoint holds (module docstring): everything to resume `phase` ("offline" | "online")."""
+    return {**agent_snapshot(cfg, agent, phase, offline_step, env_steps),
+            "optimizer": agent.optimizer.state_dict(), "rng": rng_state()}
 
 
 def restore_training_state(agent: SORLAgent, state: dict) -> None:
@@ -130,6 +141,17 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, buffer: ReplayB
     torch.save(state, tmp)
     os.replace(tmp, path)
     _prune(directory)
+    return path
+
+
+def save_curve_checkpoint(run_dir: str | Path, step: int, snapshot: dict) -> Path:
+    """Keep `snapshot` (agent_snapshot) as checkpoints/curve/step_<step>.pt, written atomically, never pruned."""
+    directory = checkpoint_dir(run_dir) / CURVE_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step_{step:08d}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(snapshot, tmp)
+    os.replace(tmp, path)
     return path
 
 

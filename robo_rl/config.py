@@ -23,6 +23,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from hydra.experimental.callback import Callback
@@ -310,10 +311,27 @@ class DownloadConfig:  # conf/download_datasets.yaml
             raise ValueError(f"timeout={self.timeout}: must be > 0 seconds")
 
 
+@dataclass
+class PlotEvalsConfig:  # conf/plot_evals.yaml
+    evals: tuple[str, ...]
+    output: str
+    title: str
+
+    def __post_init__(self):
+        if not self.evals:
+            raise ValueError("evals=[]: pass the directories of evaluate.py comparisons, evals=[DIR,DIR,...]")
+        if not self.output.endswith(".png"):
+            raise ValueError(f"output={self.output}: the figure is a PNG (its numbers go beside it as .json); "
+                             "pass output=NAME.png")
+        if missing := [d for d in self.evals if not (Path(d) / "eval.json").is_file()]:
+            raise ValueError(f"evals: {missing[0]} holds no eval.json: pass the directories evaluate.py wrote "
+                             "(its hydra.run.dir)")
+
+
 SCHEMAS: dict[str, type] = {
     "config": TrainConfig, "pretrain_offline": TrainConfig, "evaluate": EvaluateConfig,
     "collect_demos": CollectDemosConfig, "convert_robosuite": ConvertConfig, "download_datasets": DownloadConfig,
-    "generate_demos": GenerateDemosConfig,
+    "generate_demos": GenerateDemosConfig, "plot_evals": PlotEvalsConfig,
 }
 
 

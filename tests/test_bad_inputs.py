@@ -207,6 +207,8 @@ CONFIGS = {
                           ["num_demos=0: must be >= 1"]),
     "convert_two_reexecutions": ("convert_robosuite.py", ["input=x.hdf5", "output=y.hdf5", "drop_idle=true",
                                                           "track_path=true"], ["track_path=true with drop_idle=true"]),
+    "plot_not_png": ("plot_evals.py", ["evals=[{empty}]", "output=gain.jpg"], ["output=gain.jpg", "output=NAME.png"]),
+    "plot_no_evaluation": ("plot_evals.py", ["evals=[{empty}]", "output=gain.png"], ["{empty} holds no eval.json"]),
 }
 if not torch.cuda.is_available():
     CONFIGS["cuda_without_gpu"] = ("train_qwm.py", ["device=cuda"], ["device=cuda", "no CUDA GPU", "device=cpu"])

@@ -29,7 +29,7 @@ def train(run_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.Comp
 @pytest.fixture(scope="module")
 def lift_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("train") / "lift"
-    train(run_dir, "task=lift", "budget.offline_eval_every=15")
+    train(run_dir, "task=lift", "budget.offline_eval_every=15", "budget.eval_every=40")
     return run_dir
 
 
@@ -63,9 +63,10 @@ def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
     assert steps == sorted(steps) and max(steps) == 30 + 60  # one axis: offline steps, then env steps after them
     curves = json.loads((run_dir / "curves.json").read_text())
     offline_curve = {k: curves.pop(k) for k in ("offline_steps", "offline_success")}
-    assert curves == {"env_steps": [60], "success": [result["success_rate"]],
-                      "success_no_search": [result["success_rate_no_search"]],
-                      "offline_success_rate": result["offline_success_rate"]}
+    # budget.eval_every=40 of 60 env steps: a point at 40, then the final evaluation's at 60
+    assert curves["env_steps"] == [40, 60] and curves["offline_success_rate"] == result["offline_success_rate"]
+    assert curves["success"][-1] == result["success_rate"]
+    assert curves["success_no_search"][-1] == result["success_rate_no_search"]
     # budget.offline_eval_every=15 of 30 offline steps: the policy alone at 15 and 30, 2 episodes each
     assert offline_curve["offline_steps"] == [15, 30]
     assert all(rate in (0.0, 0.5, 1.0) for rate in offline_curve["offline_success"])
@@ -101,6 +102,49 @@ def test_checkpoint_holds_the_keys_its_docstring_names(lift_run):
     documented = set(re.findall(r'"(\w+)"', named))
     state = load_checkpoint(lift_run)  # the last one is online: it also names its buffer
     assert set(state) == documented | {"buffer"} and set(state["buffer"]) == {"file", "write_counts"}
+
+
+def test_curve_points_keep_their_agent_for_paired_comparisons_along_the_run(lift_run, tmp_path):
+    import re
+
+    import robo_rl.checkpoint
+
+    kept = sorted((lift_run / "checkpoints" / "curve").glob("step_*.pt"))
+    assert [p.name for p in kept] == ["step_00000070.pt", "step_00000090.pt"]  # 30 offline + 40, + 60 env steps
+    snapshots = [torch.load(p, weights_only=False) for p in kept]
+    documented = set(re.findall(r'"(\w+)"', re.findall(r"\{(\"agent\".*?)\}", robo_rl.checkpoint.__doc__, re.S)[1]))
+    assert all(set(s) == documented for s in snapshots) and "optimizer" not in documented
+    assert [s["env_steps"] for s in snapshots] == [40, 60]
+    final = load_checkpoint(lift_run)["agent"]  # the last point evaluated the final agent
+    assert all(torch.equal(snapshots[1]["agent"][k], final[k]) for k in final)
+
+    def compare(checkpoint: Path, out: str, seed: int) -> None:
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"checkpoint={checkpoint}",
+                        "compare=[none,qwm]", "episodes=2", "videos=0", "task.horizon=30", f"seed={seed}",
+                        f"hydra.run.dir={tmp_path / out}"], check=True, capture_output=True, timeout=600, cwd=ROOT)
+
+    compare(kept[0], "at40", 0)
+    compare(kept[1], "at60", 0)
+    compare(kept[1], "at60_more", 2)  # episodes 2 and 3 of the same checkpoint: pooled with the ones above
+    evals = [json.loads((tmp_path / d / "eval.json").read_text()) for d in ("at40", "at60", "at60_more")]
+    assert [(e["env_steps"], e["offline_step"]) for e in evals] == [(40, 30), (60, 30), (60, 30)]
+
+    def plot(*dirs: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_evals.py"),
+                               f"evals=[{','.join(str(tmp_path / d) for d in dirs)}]", f"output={tmp_path / 'gain.png'}"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    assert plot("at60", "at40", "at60_more").returncode == 0
+    series = json.loads((tmp_path / "gain.json").read_text())
+    assert series["env_steps"] == [40, 60] and series["episodes"] == [2, 4]
+    success = {n: [[float(e["success"]) for ev in group for e in ev["actors"][n]["per_episode"]]
+                   for group in ([evals[0]], evals[1:])] for n in ("none", "qwm")}
+    assert series["actors"]["qwm"]["success"] == [sum(s) / len(s) for s in success["qwm"]]
+    assert series["gains"]["qwm"]["mean"] == pytest.approx(
+        [(sum(q) - sum(n)) / len(q) for q, n in zip(success["qwm"], success["none"])])
+    assert (tmp_path / "gain.png").stat().st_size > 1000
+    twice = plot("at60", "at60")  # the same episodes twice would count twice
+    assert twice.returncode == 2 and "seed=" in twice.stderr
 
 
 def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):

@@ -95,6 +95,8 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     finally:
         env.close()
     result["task"] = cfg.task.name
+    if checkpoint is not None:  # where in its run the evaluated agent is (scripts/plot_evals.py orders by it)
+        result.update(env_steps=checkpoint["env_steps"], offline_step=checkpoint["offline_step"])
     if libero:
         result["episodes_per_task"] = cfg.episodes_per_task
         for name, summary in (result["actors"] if actors is not None else {"policy": result}).items():

@@ -29,8 +29,9 @@ class OnlineTrainer(Trainer):
 
     It acts as cfg.planner says (explore=param_noise: each env group with its own perturbed policy copy).
     Metrics are logged at the run's step (offline steps + env steps), a point of the learning curve every
-    `budget.eval_every` env steps, a checkpoint with the buffer every `budget.checkpoint_every`. An env
-    whose worker died mid-step stores nothing and its cut episode is not scored; restarts are logged.
+    `budget.eval_every` env steps (its agent kept in checkpoints/curve/), a checkpoint with the buffer
+    every `budget.checkpoint_every`. An env whose worker died mid-step stores nothing and its cut episode
+    is not scored; restarts are logged.
     Data parallel, each rank acts in its own envs from its own seeds (distributed.rank_seed) and only
     rank 0 evaluates.
     """
@@ -144,6 +145,7 @@ class OnlineTrainer(Trainer):
         """Paired episodes with and without search: a point of both learning curves."""
         rates = {a: r["success_rate"] for a, r in self.eval(f"step{self.progress.env_steps}")["actors"].items()}
         self.curve.add(self.progress.env_steps, rates[self.acting], rates["none"] if self.search else None)
+        self.keep_evaluated()
         return {"success_rate": rates[self.acting],
                 **({"success_rate_no_search": rates["none"]} if self.search else {})}
 

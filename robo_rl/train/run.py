@@ -102,6 +102,7 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
     result = _final_evaluation(trainer, online, started)
     if online:
         curve.add(progress.env_steps, result["success_rate"], result.get("success_rate_no_search"))
+        trainer.keep_evaluated()
     logger.log({"eval/success_rate": result["success_rate"], "env_steps": progress.env_steps,
                 **({"eval/success_rate_no_search": result["success_rate_no_search"]} if trainer.search else {})},
                progress.step)

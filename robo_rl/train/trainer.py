@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from robo_rl.agents.sorl import SORLAgent
-from robo_rl.checkpoint import build_actor, save_checkpoint, training_state
+from robo_rl.checkpoint import agent_snapshot, build_actor, save_checkpoint, save_curve_checkpoint, training_state
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.envs import make_vec_env
 from robo_rl.eval.rollout import eval_seed, evaluate_actors
@@ -89,6 +89,13 @@ class Trainer:
         p = self.progress
         state = training_state(self.cfg, self.agent, self.phase, p.offline_step, p.env_steps)
         return save_checkpoint(self.run_dir, p.step, state, buffer=self.buffer if self.phase == "online" else None)
+
+    def keep_evaluated(self) -> Path:
+        """Keep the agent a learning-curve point just evaluated (checkpoints/curve/, never pruned), so that
+        point can be evaluated again on more episodes or with other actors (rank 0 only)."""
+        p = self.progress
+        return save_curve_checkpoint(self.run_dir, p.step, agent_snapshot(self.cfg, self.agent, self.phase,
+                                                                          p.offline_step, p.env_steps))
 
     def eval(self, tag: str, actors: list[str] | None = None, videos: int = 0) -> dict:
         """`budget.eval_episodes` paired episodes of the current agent as each of `actors` (default
