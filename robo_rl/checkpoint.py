@@ -20,8 +20,9 @@ exactly its own buffer; files of a torn save are ignored and pruned. The newest 
 Every online point of the learning curve (`budget.eval_every`, and the final evaluation) also keeps the agent
 it evaluated, `checkpoints/curve/step_XXXXXXXX.pt`, never pruned: `agent_snapshot`'s keys {"agent", "config",
 "obs_shapes", "num_tasks", "phase", "offline_step", "env_steps"}, without the optimizer and RNG states only
-resuming needs (0.4 of the size: 14 MB at budget=cpu_long on Can). `evaluate.py checkpoint=<that file> compare=[...]` evaluates any point
-of a run again, on as many paired episodes as it takes (`scripts/plot_evals.py` draws such evaluations).
+resuming needs (0.4 of the size: 14 MB at budget=cpu_long on Can). `evaluate.py checkpoint=<that file>
+compare=[...]` evaluates any point of a run again, on as many paired episodes as it takes
+(`scripts/plot_evals.py` draws such evaluations).
 """
 from __future__ import annotations
 

@@ -130,9 +130,9 @@ def test_curve_points_keep_their_agent_for_paired_comparisons_along_the_run(lift
     assert [(e["env_steps"], e["offline_step"]) for e in evals] == [(40, 30), (60, 30), (60, 30)]
 
     def plot(*dirs: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_evals.py"),
-                               f"evals=[{','.join(str(tmp_path / d) for d in dirs)}]", f"output={tmp_path / 'gain.png'}"],
-                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        evals = ",".join(str(tmp_path / d) for d in dirs)
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_evals.py"), f"evals=[{evals}]",
+                               f"output={tmp_path / 'gain.png'}"], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
     assert plot("at60", "at40", "at60_more").returncode == 0
     series = json.loads((tmp_path / "gain.json").read_text())

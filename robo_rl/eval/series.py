@@ -44,14 +44,14 @@ def load_series(eval_dirs: Sequence[str | Path]) -> dict:
         result = json.loads(path.read_text())
         if "actors" not in result or "env_steps" not in result:
             raise ConfigError(f"{path} is not a comparison of a checkpoint: write it with `evaluate.py checkpoint=CKPT "
-                             "compare=[none,best_of_n,qwm]` (an eval.json older than 2026-12-05 lacks env_steps: "
-                             "evaluate again)")
+                              "compare=[none,best_of_n,qwm]` (an eval.json older than 2026-12-05 lacks env_steps: "
+                              "evaluate again)")
         by_checkpoint[result["checkpoint"]].append((path, result))
     points = sorted((_pool(evals) for evals in by_checkpoint.values()), key=lambda p: p["env_steps"])
     steps = [p["env_steps"] for p in points]
     if clashes := sorted({s for s in steps if steps.count(s) > 1}):
         raise ConfigError(f"more than one checkpoint at env steps {clashes} "
-                         f"({[p['checkpoint'] for p in points if p['env_steps'] in clashes]}): plot one run at a time")
+                          f"({[p['checkpoint'] for p in points if p['env_steps'] in clashes]}): plot one run at a time")
     names = list(dict.fromkeys(name for p in points for name in p["actors"]))
     return {
         "env_steps": steps,
@@ -74,13 +74,13 @@ def _pool(evals: list[tuple[Path, dict]]) -> dict:
     for path, result in evals:
         if list(result["actors"]) != names:
             raise ConfigError(f"{path} compares {list(result['actors'])}, {first_path} {names}: pool evaluations "
-                             "of the same actors")
+                              "of the same actors")
         episodes = {n: {_key(e): e for e in result["actors"][n]["per_episode"]} for n in names}
         for key in episodes[names[0]]:
             if key in seen:
                 raise ConfigError(f"{path} and {seen[key]} both hold the episode {key} (task, init state, seed, "
-                                 "digest) of one checkpoint: evaluate.py seed=S plays env seeds 10000 + S + i, so add episodes with "
-                                 "a seed= at least the episode count above the last one")
+                                  "digest) of one checkpoint: evaluate.py seed=S plays env seeds 10000 + S + i, so "
+                                  "add episodes with a seed= at least the episode count above the last one")
             seen[key] = path
         for n in names:
             records[n] += episodes[n].values()
