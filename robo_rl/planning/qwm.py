@@ -79,8 +79,8 @@ every state that randomness keeps the drift down (our reading of the second chec
 
 What does make the critic's ranking work is online steps on the policy's own outcomes: one Can-50 run (seed 0,
 collected without search) evaluated at its checkpoints, 100 paired episodes each, goes from QWM −0.32 at 20k
-online env steps through −0.05 / +0.02 at 30k / 40k to +0.08 at 60k (+0.090 [+0.043, +0.137] over 200) and
-+0.04 / +0.065 at 80k / 100k (README, search section). The default budget's 2000 steps are far below that.
+online env steps through −0.05 / +0.02 / −0.03 at 30k / 40k / 50k to +0.08 at 60k (+0.090 [+0.043, +0.137] over
+200) and +0.04 / +0.065 at 80k / 100k (README, search section). The default budget's 2000 steps are far below that.
 
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
