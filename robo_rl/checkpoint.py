@@ -138,9 +138,7 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict, buffer: ReplayB
         name = _buffer_name(path)
         buffer.save(directory / name)
         state = {**state, "buffer": {"file": name, "write_counts": buffer.write_counts}}
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    _save_atomically(state, path)
     _prune(directory)
     return path
 
@@ -150,10 +148,15 @@ def save_curve_checkpoint(run_dir: str | Path, step: int, snapshot: dict) -> Pat
     directory = checkpoint_dir(run_dir) / CURVE_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{step:08d}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(snapshot, tmp)
-    os.replace(tmp, path)
+    _save_atomically(snapshot, path)
     return path
+
+
+def _save_atomically(state: dict, path: Path) -> None:
+    """torch.save to a temp file, then rename: a crash leaves the old file or none, never a torn one."""
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
 def _buffer_name(checkpoint: Path) -> str:

@@ -28,7 +28,7 @@ def main(cfg: DictConfig) -> None:
         cells = []
         for n in names:
             rate = series["actors"][n]["success"][i]
-            gain = series["gains"].get(n, {}).get("mean", [None] * (i + 1))[i]
+            gain = series["gains"][n]["mean"][i] if n in series["gains"] else None
             cells.append("-" if rate is None else f"{rate:.3f}" + ("" if gain is None else f" ({gain:+.3f})"))
         print(f"{steps:>10} {series['episodes'][i]:>9}  " + "  ".join(f"{c:>22}" for c in cells))
     print(f"wrote {output} and {output.with_suffix('.json')}")

@@ -234,7 +234,7 @@ def evaluate_actors(
             obs = assign(freed)
     bar.close()
     by_actor = {a: sorted((r for r in done if r["actor"] == a), key=lambda r: r["index"]) for a in actors}
-    out = {"actors": {a: _summary(by_actor[a], 1000 * act_s[a] / decisions[a] if decisions[a] else None)
+    out = {"actors": {a: summarize_episodes(by_actor[a], 1000 * act_s[a] / decisions[a] if decisions[a] else None)
                       for a in actors}}
     if "none" in actors and len(by_actor["none"]) >= 2:
         base = [r["success"] for r in by_actor["none"]]
@@ -267,7 +267,9 @@ def _record(job: _Job, instruction: str, video_dir, failure: str | None) -> dict
             "length": job.length, "success": job.success, "failure": failure, "video": video}
 
 
-def _summary(records: list[dict], ms_per_decision: float | None) -> dict:
+def summarize_episodes(records: list[dict], ms_per_decision: float | None) -> dict:
+    """An actor's summary in eval.json from its episode records (`per_episode`): the success rate as the mean
+    over tasks of each task's rate, its Wilson interval over all episodes, per-task rows, returns, lengths."""
     by_task = defaultdict(list)
     for r in records:
         by_task[r["task_id"]].append(r)

@@ -7,8 +7,8 @@ natural ones to evaluate. Several evaluations of one checkpoint on different epi
 least the episode count: `evaluate.py seed=S` plays env seeds 10000 + S + i) are pooled into one point: each
 actor's success over all their episodes (the suite mean over tasks, Wilson 95% interval over the episodes), and
 each actor's gain over `none`, paired episode by episode within each evaluation, with the t interval over all
-pairs. An episode evaluated twice (the same task, init state and seed
-in two evaluations of one checkpoint) would count twice, so it is an error.
+pairs. An episode evaluated twice (the same task, init state and seed in two evaluations of one checkpoint) would
+count twice, so it is an error.
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import numpy as np
 matplotlib.use("Agg")  # files only: no display on training machines
 import matplotlib.pyplot as plt  # noqa: E402
 
-from robo_rl.eval.stats import paired_difference, success_ci  # noqa: E402
+from robo_rl.eval.rollout import summarize_episodes  # noqa: E402
+from robo_rl.eval.stats import paired_difference  # noqa: E402
 from robo_rl.utils.schema import ConfigError  # noqa: E402
 
 BASELINE = "none"  # gains are paired differences against the policy alone
@@ -38,9 +39,7 @@ def load_series(eval_dirs: Sequence[str | Path]) -> dict:
     An actor missing at a point has None there."""
     by_checkpoint: dict[str, list[tuple[Path, dict]]] = defaultdict(list)
     for directory in eval_dirs:
-        path = Path(directory) / "eval.json"
-        if not path.exists():
-            raise ConfigError(f"{path} is missing: pass the directories evaluate.py wrote (its hydra.run.dir)")
+        path = Path(directory) / "eval.json"  # present: PlotEvalsConfig checks it at the door
         result = json.loads(path.read_text())
         if "actors" not in result or "env_steps" not in result:
             raise ConfigError(f"{path} is not a comparison of a checkpoint: write it with `evaluate.py checkpoint=CKPT "
@@ -85,11 +84,11 @@ def _pool(evals: list[tuple[Path, dict]]) -> dict:
         for n in names:
             records[n] += episodes[n].values()
             if n != BASELINE and BASELINE in episodes:
-                for k in episodes[n].keys() & episodes[BASELINE].keys():
+                for k in (k for k in episodes[n] if k in episodes[BASELINE]):  # in episode order: reproducible sums
                     pairs[n][0].append(float(episodes[n][k]["success"]))
                     pairs[n][1].append(float(episodes[BASELINE][k]["success"]))
-    actors = {n: {"success": _suite_mean(rs), "success_ci": list(success_ci([r["success"] for r in rs]))}
-              for n, rs in records.items()}
+    summaries = {n: summarize_episodes(rs, None) for n, rs in records.items()}  # as evaluate.py summarises
+    actors = {n: {"success": x["success_rate"], "success_ci": x["success_ci"]} for n, x in summaries.items()}
     gains = {n: paired_difference(a, b) for n, (a, b) in pairs.items() if len(a) >= 2}
     return {"checkpoint": first["checkpoint"], "env_steps": first["env_steps"], "actors": actors, "gains": gains,
             "episodes": len(records[names[0]])}
@@ -97,14 +96,6 @@ def _pool(evals: list[tuple[Path, dict]]) -> dict:
 
 def _key(episode: dict) -> tuple:
     return episode["task_id"], episode["init_state_id"], episode["seed"], episode["init_digest"]
-
-
-def _suite_mean(records: list[dict]) -> float:
-    """Success rate as evaluate.py reports it: the mean over tasks of each task's success rate."""
-    by_task = defaultdict(list)
-    for r in records:
-        by_task[r["task_id"]].append(float(r["success"]))
-    return float(np.mean([np.mean(s) for s in by_task.values()]))
 
 
 def plot_series(series: dict, png: str | Path, title: str = "") -> None:
