@@ -248,6 +248,7 @@ class CollectDemosConfig:  # conf/collect_demos.yaml
     output: str | None
     noise: float
     seed: int
+    keep_failures: bool
 
     def __post_init__(self):
         _check_modality(self.env, self.task)

@@ -4,8 +4,8 @@ robosuite tasks: one robomimic HDF5 file at output=PATH. LIBERO suites (task=lib
 demos of each task, one LIBERO HDF5 file per task in the folder output=DIR (named as LIBERO names its
 files; a task whose file is there is skipped), which `dataset=DIR` trains on.
 Options: env=image (camera obs), noise=0.1 (action noise for diversity), seed=0. Only successful
-episodes are kept; the expert's success rate is printed and stored as the attr
-`expert_success_rate` of the file's `data` group.
+episodes are kept (keep_failures=true: every attempt, failed ones without a terminal step); the expert's
+success rate is printed and stored as the attr `expert_success_rate` of the file's `data` group.
 """
 import hydra
 from omegaconf import DictConfig
@@ -26,10 +26,12 @@ def main(cfg: DictConfig) -> None:
             print(f"[demos] {len(files)} LIBERO files ({cfg.num_demos} demos each) in {cfg.output}")
             return
         episodes, rate, env_args = collect_demos(spec, cfg.task.expert, cfg.num_demos, noise=cfg.noise,
-                                                 seed=cfg.seed, num_envs=cfg.env.num_envs)
+                                                 seed=cfg.seed, num_envs=cfg.env.num_envs,
+                                                 keep_failures=cfg.keep_failures)
         write_robomimic(cfg.output, episodes, env_args, attrs={"expert_success_rate": rate})
     steps = sum(e.num_steps for e in episodes)
-    print(f"[demos] {len(episodes)} demos ({steps} steps), expert success rate {rate:.2f} -> {cfg.output}")
+    failed = sum(not e.terminals.any() for e in episodes)
+    print(f"[demos] {len(episodes)} demos ({failed} failed, {steps} steps), expert success rate {rate:.2f} -> {cfg.output}")
 
 
 if __name__ == "__main__":

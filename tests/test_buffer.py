@@ -400,3 +400,32 @@ def test_end_episodes_keeps_a_resumed_stream_from_joining_old_and_new_episodes(t
         _step_labels(resumed, [3, 4], [t, t])
     _assert_transitions_are_real(resumed)
     assert sorted((int(e.obs["state"][0, 0]), e.num_steps) for e in resumed.online_episodes()) == [(1, 6), (2, 6)]
+
+
+def test_failed_scripted_rollouts_are_kept_unsuccessful_through_file_and_buffer(tmp_path, lift_spec):
+    """collect_demos(keep_failures=True) on real Lift: 2 expert rollouts cut at 20 steps (too short to lift
+    the cube) and 2 with the time to succeed. The failed ones keep every step and no terminal, survive the
+    robomimic file, and the buffer flags all their rows unsuccessful, so bc_data=successes does not clone them."""
+    import dataclasses
+
+    from robo_rl.demos.collect import collect_demos
+
+    runs = {}
+    for horizon in (20, 120):
+        spec = dataclasses.replace(lift_spec, horizon=horizon)
+        episodes, rate, env_args = collect_demos(spec, "lift", 2, noise=0.0, seed=3, num_envs=2, workers="sync",
+                                                 progress=False, keep_failures=True)
+        write_robomimic(tmp_path / f"h{horizon}.hdf5", episodes, env_args)
+        runs[horizon] = read_hdf5(tmp_path / f"h{horizon}.hdf5", obs_keys=list(spec.low_dim_keys)).episodes, rate
+    (short, short_rate), (full, full_rate) = runs[20], runs[120]
+    assert short_rate == 0.0 and [e.num_steps for e in short] == [20, 20]
+    assert not any(e.terminals.any() for e in short)
+    assert full_rate == 1.0 and all(e.terminals[-1] and e.num_steps < 120 for e in full)
+    shapes = {k: v.shape[1:] for k, v in short[0].obs.items()}
+    buffer = ReplayBuffer(shapes, None, action_dim=7, capacity=16, offline_ratio=1.0)
+    buffer.add_offline(short + full)
+    flags = buffer.sample(512)
+    assert flags["offline"].all()
+    failed_rows = flags["success"].logical_not().sum().item()
+    assert 0 < failed_rows < 512  # both kinds are drawn, and only the rows of the two failed rollouts are unflagged
+    assert failed_rows / 512 == pytest.approx(40 / (40 + sum(e.num_steps for e in full)), abs=0.08)

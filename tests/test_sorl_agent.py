@@ -82,14 +82,16 @@ def test_bc_only_when_q_weight_is_zero():
     assert info["actor_loss"] == pytest.approx(10 * info["fm_loss"] + 10 * info["sc_loss"], rel=1e-5)
 
 
-@pytest.mark.parametrize("bc_data, cloned", [("offline", (True, False, False)), ("successes", (True, True, False)),
-                                             ("all", (True, True, True))])
+@pytest.mark.parametrize("bc_data, cloned", [("offline", (True, False, False, True)),
+                                             ("successes", (True, True, False, False)),
+                                             ("all", (True, True, True, True))])
 def test_bc_data_picks_the_rows_flow_matching_clones(bc_data, cloned):
-    """Rows in three groups: demos, online rows of successful episodes, other online rows. Changing the
-    actions of a group moves the flow-matching loss exactly when bc_data clones that group."""
+    """Rows in four groups: demos, online rows of successful episodes, other online rows, offline rows of a
+    failed rollout (no terminal step). Changing the actions of a group moves the flow-matching loss exactly
+    when bc_data clones that group."""
     batch = synthetic_batch(LIFT_SHAPES)
-    group = torch.arange(64) % 3
-    batch |= {"offline": group == 0, "success": group <= 1}  # demos count as successes too
+    group = torch.arange(64) % 4
+    batch |= {"offline": (group == 0) | (group == 3), "success": group <= 1}  # demos count as successes too
 
     def fm_loss(b: dict) -> float:
         torch.manual_seed(0)
@@ -98,7 +100,7 @@ def test_bc_data_picks_the_rows_flow_matching_clones(bc_data, cloned):
         return agent.update(b)["fm_loss"]
 
     reference = fm_loss(batch)
-    for g in range(3):
+    for g in range(4):
         changed = batch | {"action": torch.where((group == g)[:, None], -batch["action"], batch["action"])}
         assert (fm_loss(changed) != reference) == cloned[g], g
     if bc_data == "successes":

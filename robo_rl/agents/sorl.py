@@ -51,8 +51,9 @@ class SORLConfig:
     fm_weight: float = 10.0
     # Which replay rows the flow-matching (BC) term clones: "offline" (the demonstrations only, so the policy
     # does not imitate its own exploration and search actions once online data fills the batches),
-    # "successes" (the demonstrations and every online episode that ended in success: filtered self-imitation,
-    # so what search found that worked becomes the policy's), or "all".
+    # "successes" (every episode that ended in success, demos and online episodes alike: filtered
+    # self-imitation, so what search found that worked becomes the policy's, while failed rollouts in the
+    # offline data only teach the critic), or "all".
     bc_data: str = "offline"
     sc_weight: float = 10.0
     q_weight: float = 2.0  # task-tuned (SORL: 10-500; 10 was fragile here, conf/agent/sorl.yaml); 0: BC only
@@ -345,12 +346,13 @@ class SORLAgent(nn.Module):
         mode = self.config.bc_data
         if mode == "all":
             return None
-        needed = ("offline",) if mode == "offline" else ("offline", "success")
-        if missing := [k for k in needed if k not in batch]:
-            raise ValueError(f"batch has no {missing} flags, which bc_data={mode!r} clones by (ReplayBuffer's "
+        # successes: the rows of every episode that ended in success, demos and online alike, so a failed
+        # offline rollout (collect_demos keep_failures=true) teaches the critic and is not cloned
+        flag = "offline" if mode == "offline" else "success"
+        if flag not in batch:
+            raise ValueError(f"batch has no {flag!r} flags, which bc_data={mode!r} clones by (ReplayBuffer's "
                              "samples carry them); add them or set agent.bc_data=all")
-        rows = batch["offline"].to(self.device)
-        return rows | batch["success"].to(self.device) if mode == "successes" else rows
+        return batch[flag].to(self.device)
 
     def _learners(self) -> list[tuple[str, nn.Module]]:
         """The trained modules, each clipped on its own."""

@@ -22,12 +22,15 @@ from robo_rl.envs.vector import VecEnv
 
 def collect_demos(spec: EnvSpec, expert_name: str, num_demos: int, noise: float = 0.1, seed: int = 0,
                   num_envs: int = 2, workers: str = "subprocess", max_attempts_factor: int = 3,
-                  progress: bool = True):
+                  progress: bool = True, keep_failures: bool = False):
     """Roll out a scripted expert until `num_demos` successful episodes are collected.
 
     Returns (episodes, expert_success_rate, env_args). Episodes carry MuJoCo states and the scene
     XML so they can be written as robomimic HDF5 and replayed. Failed attempts are discarded; the
     success rate over all attempts is reported (and stored by the caller as a file attribute).
+    keep_failures: keep every attempt instead, `num_demos` episodes in all; a failed one runs to the
+    horizon without a terminal step (robomimic `dones` all 0), so the buffer flags it unsuccessful and
+    `agent.bc_data=successes` does not clone it, while the critic learns what failing looks like.
     The envs also observe the keys the expert reads that `spec` lacks (image obs carry no object poses):
     the episodes hold them too.
     """
@@ -62,12 +65,12 @@ def collect_demos(spec: EnvSpec, expert_name: str, num_demos: int, noise: float 
                 obs = result.obs
             attempts += num_envs
             successes += int(success.sum())
-            for i in np.flatnonzero(success):
+            for i in range(num_envs) if keep_failures else np.flatnonzero(success):
                 if len(episodes) == num_demos:
                     break
                 tr = traces[i]
                 terminals = np.zeros(len(tr["actions"]), bool)
-                terminals[-1] = True
+                terminals[-1] = success[i]
                 episodes.append(Episode(
                     obs={k: np.stack([o[k] for o in tr["obs"]]) for k in tr["obs"][0]},
                     actions=np.asarray(tr["actions"], np.float32),
@@ -78,7 +81,7 @@ def collect_demos(spec: EnvSpec, expert_name: str, num_demos: int, noise: float 
                 ))
                 bar.update(1)
     bar.close()
-    if len(episodes) < num_demos:
+    if len(episodes) < num_demos and not keep_failures:
         raise RuntimeError(f"scripted {expert_name} expert collected only {len(episodes)}/{num_demos} successful "
                            f"demos in {attempts} attempts; lower the noise or raise the horizon")
     env_args = {"env_name": spec.env_name, "type": 1,
