@@ -260,6 +260,9 @@ class CollectDemosConfig:  # conf/collect_demos.yaml
         if not self.task.expert:
             raise ValueError(f"task.expert=None: task {self.task.name} has no scripted expert; "
                              "scripted demos exist for task=lift, can, square and libero_object")
+        if self.keep_failures and self.task.suite == "libero":
+            raise ValueError(f"keep_failures=true: task={self.task.name} writes LIBERO demo files, which keep "
+                             "successful demos only; use a robosuite task (lift, can, square) or drop the flag")
 
 
 @dataclass

@@ -31,7 +31,8 @@ def main(cfg: DictConfig) -> None:
         write_robomimic(cfg.output, episodes, env_args, attrs={"expert_success_rate": rate})
     steps = sum(e.num_steps for e in episodes)
     failed = sum(not e.terminals.any() for e in episodes)
-    print(f"[demos] {len(episodes)} demos ({failed} failed, {steps} steps), expert success rate {rate:.2f} -> {cfg.output}")
+    print(f"[demos] {len(episodes)} demos ({failed} failed, {steps} steps), expert success rate {rate:.2f} "
+          f"-> {cfg.output}")
 
 
 if __name__ == "__main__":

@@ -200,6 +200,8 @@ CONFIGS = {
     "eval_missing_checkpoint": ("evaluate.py", ["checkpoint={empty}"], ["checkpoint={empty}: no checkpoint there"]),
     "demos_without_expert": ("collect_demos.py", ["task=tool_hang", "output=x.hdf5"], ["task.expert=None",
                                                                                        "task=lift"]),
+    "libero_demos_with_failures": ("collect_demos.py", ["task=libero_object", "output=d", "keep_failures=true"],
+                                   ["keep_failures=true", "task=libero_object", "robosuite task"]),
     "convert_without_input": ("convert_robosuite.py", ["output=x.hdf5"], ["input is required"]),
     "generate_for_another_task": ("generate_demos.py", ["task=can", "source={lift}", "output=x.hdf5"],
                                   ["recorded in Lift", "task=can", "pass task=lift"]),
