@@ -365,7 +365,9 @@ class ReplayBuffer:
             raise RuntimeError(f"no sub-trajectory of {horizon} steps to sample yet: the buffer is empty or its "
                                "online episodes are shorter (check can_sample_sequences first)")
         windows = []
-        for part, n, stream_len in self._plan(batch_size, use_online=self._online_has_window(horizon)):
+        plan = self._plan(batch_size, use_offline=self._offline_has_window(horizon),
+                          use_online=self._online_has_window(horizon))
+        for part, n, stream_len in plan:
             windows.append((part, _window_slots(self._starts(part, n, horizon), horizon, stream_len)))
         B, H = batch_size, horizon
         steps = [(p, w[:, :H].reshape(-1)) for p, w in windows]
@@ -400,7 +402,19 @@ class ReplayBuffer:
 
     def can_sample_sequences(self, horizon: int) -> bool:
         """Whether `sample_sequences(_, horizon)` has anything to draw from."""
-        return self.num_offline > 0 or self._online_has_window(horizon)
+        return self._offline_has_window(horizon) or self._online_has_window(horizon)
+
+    def _offline_window_starts(self, horizon: int) -> np.ndarray:
+        """Start slots of every `horizon`-step window inside one demonstration (built once per horizon)."""
+        if horizon not in self._offline_starts:
+            slots = np.arange(len(self._offline), dtype=np.int64)
+            self._offline_starts[horizon] = slots[_windows_ok(slots, horizon, self._offline.valid, len(slots))]
+        return self._offline_starts[horizon]
+
+    def _offline_has_window(self, horizon: int) -> bool:
+        """Whether some demonstration has `horizon` steps. Why ask: with action chunks the world model's
+        windows span seq_horizon·h env steps, which short demos may not have (online episodes then supply them)."""
+        return self.num_offline > 0 and len(self._offline_window_starts(horizon)) > 0
 
     def _online_has_window(self, horizon: int) -> bool:
         """Whether the ring still holds `horizon` consecutive steps of some online episode (finished or
@@ -411,9 +425,10 @@ class ReplayBuffer:
             return True
         return any(start + steps - max(start, oldest[e]) >= horizon for e, start, steps in self._finished)
 
-    def _plan(self, batch_size: int, use_online: bool = True) -> list[tuple[_Slots, int, int]]:
+    def _plan(self, batch_size: int, use_offline: bool = True, use_online: bool = True
+              ) -> list[tuple[_Slots, int, int]]:
         """(part, samples from it, stream length) for each part that contributes to a batch."""
-        n_off, n_on = self.num_offline, self.num_online if use_online else 0
+        n_off, n_on = self.num_offline if use_offline else 0, self.num_online if use_online else 0
         if n_off == 0 and n_on == 0:
             raise RuntimeError("the replay buffer is empty: add_offline() demos or add() env steps first")
         if n_on == 0:
@@ -429,11 +444,7 @@ class ReplayBuffer:
     def _starts(self, part: _Slots, n: int, horizon: int) -> np.ndarray:
         """n uniform start slots of valid `horizon`-step windows in `part`."""
         if part is self._offline:
-            if horizon not in self._offline_starts:
-                slots = np.arange(len(part), dtype=np.int64)
-                ok = _windows_ok(slots, horizon, part.valid, len(part))
-                self._offline_starts[horizon] = slots[ok]
-            starts = self._offline_starts[horizon]
+            starts = self._offline_window_starts(horizon)
             if len(starts) == 0:
                 raise ValueError(f"no offline episode has {horizon} steps; lower the horizon")
             return starts[self._rng.integers(len(starts), size=n)]

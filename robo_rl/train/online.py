@@ -91,7 +91,7 @@ class OnlineTrainer(Trainer):
             if actor.param_noise_std > 0 and done.any():
                 actor.resample_noise(sorted({int(i) % actor.num_groups for i in np.flatnonzero(done)}))
 
-            for _ in range(updates_per_iter):
+            for _ in range(updates_per_iter if self.can_update() else 0):
                 metrics = self.update()
 
             if steps >= next_log or steps >= budget.online_steps:

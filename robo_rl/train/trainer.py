@@ -82,6 +82,12 @@ class Trainer:
             seq = self.buffer.sample_sequences(budget.batch_size, budget.seq_horizon * h)
         return self.agent.update(batch, seq)
 
+    def can_update(self) -> bool:
+        """Whether the buffer holds a transition to learn from. With chunks of h actions that takes h steps
+        of one episode: a run from scratch (no demos) waits its first h env steps."""
+        h = self.agent.config.action_horizon
+        return h == 1 or self.buffer.can_sample_sequences(h)
+
     def save(self) -> Path | None:
         """Checkpoint at the current counters (online: with the replay buffer); None on ranks other than 0."""
         if not self.main:
