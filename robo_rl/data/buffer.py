@@ -414,7 +414,7 @@ class ReplayBuffer:
     def _offline_has_window(self, horizon: int) -> bool:
         """Whether some demonstration has `horizon` steps. Why ask: with action chunks the world model's
         windows span seq_horizon·h env steps, which short demos may not have (online episodes then supply them)."""
-        return self.num_offline > 0 and len(self._offline_window_starts(horizon)) > 0
+        return len(self._offline_window_starts(horizon)) > 0
 
     def _online_has_window(self, horizon: int) -> bool:
         """Whether the ring still holds `horizon` consecutive steps of some online episode (finished or

@@ -34,7 +34,7 @@ class OfflineTrainer(Trainer):
         budget, progress = self.cfg.budget, self.progress
         if not self.buffer.num_offline or progress.offline_step >= budget.offline_steps or progress.env_steps:
             return
-        window = budget.seq_horizon * self.agent.config.action_horizon
+        window = self.world_model_window
         if self.agent.world_model is not None and not self.buffer.can_sample_sequences(window) and self.main:
             print(f"[data] warning: no demo has the {window} steps of a world-model window (budget.seq_horizon "
                   f"x agent.action_horizon): the world model trains on online episodes only")

@@ -78,9 +78,14 @@ class Trainer:
         else:
             batch = self.buffer.sample_chunks(budget.batch_size, h)
         seq = None
-        if self.agent.world_model is not None and self.buffer.can_sample_sequences(budget.seq_horizon * h):
-            seq = self.buffer.sample_sequences(budget.batch_size, budget.seq_horizon * h)
+        if self.agent.world_model is not None and self.buffer.can_sample_sequences(self.world_model_window):
+            seq = self.buffer.sample_sequences(budget.batch_size, self.world_model_window)
         return self.agent.update(batch, seq)
+
+    @property
+    def world_model_window(self) -> int:
+        """Env steps of one world-model sub-trajectory: budget.seq_horizon chunks of h actions."""
+        return self.cfg.budget.seq_horizon * self.agent.config.action_horizon
 
     def can_update(self) -> bool:
         """Whether the buffer holds a transition to learn from. With chunks of h actions that takes h steps
