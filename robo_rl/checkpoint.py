@@ -44,7 +44,7 @@ from robo_rl.utils.seeding import rng_state, set_rng_state
 KEEP_LAST = 2
 CURVE_DIR = "curve"  # under checkpoints/: the agents the learning curve's points evaluated
 # Agent settings that change how a trained agent acts, not its weights: evaluate.py may override them.
-ACTING_SETTINGS = ("sample_steps", "best_of_n")
+ACTING_SETTINGS = ("sample_steps", "best_of_n", "execute_steps")
 
 
 # -- building from config groups ---------------------------------------------------------------
@@ -217,7 +217,7 @@ def agent_from_checkpoint(state: dict, device: str | torch.device = "cpu",
                           acting: Mapping[str, object] | None = None) -> SORLAgent:
     """The trained SORLAgent of a checkpoint: architecture from the checkpoint's own config, then its
     weights (with the instruction embeddings of a language-conditioned agent: no text model needed).
-    `acting` overrides the ACTING_SETTINGS (sample_steps, best_of_n) it acts with."""
+    `acting` overrides the ACTING_SETTINGS (sample_steps, best_of_n, execute_steps) it acts with."""
     agent = build_agent({**state["config"]["agent"], **(acting or {})}, state["obs_shapes"], state["num_tasks"], device)
     agent.load_state_dict(state["agent"])
     return agent
@@ -225,6 +225,6 @@ def agent_from_checkpoint(state: dict, device: str | torch.device = "cpu",
 
 def actor_from_checkpoint(state: dict, cfg: DictConfig, **actor_kwargs) -> AgentActor:
     """The checkpoint's agent acting as `cfg` says: through `cfg.planner` (discounted by the checkpoint's
-    train.gamma), with cfg.agent's acting settings (sample_steps, best_of_n), seeded by cfg.seed."""
+    train.gamma), with cfg.agent's acting settings (sample_steps, best_of_n, execute_steps), seeded by cfg.seed."""
     agent = agent_from_checkpoint(state, cfg.device, {k: cfg.agent[k] for k in ACTING_SETTINGS})
     return build_actor(agent, cfg.planner, state["config"]["train"]["gamma"], cfg.seed, **actor_kwargs)

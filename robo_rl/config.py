@@ -31,7 +31,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from robo_rl.agents.sorl import NonFiniteUpdateError, SORLConfig
+from robo_rl.agents.sorl import NonFiniteUpdateError, SORLConfig, check_execute_steps
 from robo_rl.checkpoint import latest_checkpoint
 from robo_rl.data.hdf5 import DatasetError
 from robo_rl.planning.qwm import QWMConfig
@@ -211,13 +211,14 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
             raise ValueError(f"train.nstep={self.train.nstep} with agent.action_horizon={self.agent.action_horizon}: "
                              "a chunk's TD target is the h-step return of its own actions, n-step returns over "
                              "chunks are not implemented; pass train.nstep=1 with chunks")
+        check_execute_steps(self.agent.execute_steps, self.agent.action_horizon)
 
 
 @dataclass
 class EvaluateConfig:  # conf/evaluate.yaml
     env: EnvConfig
     task: TaskConfig
-    agent: AgentConfig  # with a checkpoint only its acting settings (sample_steps, best_of_n) apply
+    agent: AgentConfig  # with a checkpoint only its acting settings (sample_steps, best_of_n, execute_steps) apply
     planner: PlannerConfig
     logger: LoggerConfig
     policy: Literal["random", "scripted", "checkpoint"]

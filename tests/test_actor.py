@@ -11,10 +11,11 @@ from robo_rl.planning.qwm import QWMConfig, QWMPlanner
 SHAPES = {"state": (5,), "task_id": ()}
 
 
-def small_agent(action_horizon: int = 1) -> SORLAgent:
+def small_agent(action_horizon: int = 1, execute_steps: int | None = None) -> SORLAgent:
     torch.manual_seed(0)
     cfg = SORLConfig(encoder=EncoderConfig(latent_dim=16, hidden_dims=(32,)), actor_hidden_dims=(32, 32),
                      critic_hidden_dims=(32, 32), num_critics=2, action_horizon=action_horizon,
+                     execute_steps=execute_steps,
                      world_model=WorldModelConfig(num_heads=4, hidden_dim=32, num_layers=2))
     return SORLAgent(SHAPES, 3, 1, cfg)
 
@@ -89,6 +90,17 @@ def test_chunks_execute_open_loop_and_replan_when_used_up_or_reset(search):
     step = actor.act(obs(2))
     assert torch.equal(step[0], chunks[0, 1]) and torch.equal(step[1], actor._chunks[1, 0])
     assert not torch.equal(actor._chunks[1], chunks[1])
+
+
+def test_receding_horizon_executes_the_first_steps_of_each_chunk_then_replans():
+    actor = AgentActor(small_agent(action_horizon=3, execute_steps=2))
+    first = actor.act(obs(2))
+    chunks = actor._chunks.clone()
+    assert torch.equal(first, chunks[:, 0]) and torch.equal(actor.act(obs(2)), chunks[:, 1])
+    fresh = actor.act(obs(2))  # the chunk's third action is never executed: a new chunk starts
+    assert not torch.equal(actor._chunks, chunks) and torch.equal(fresh, actor._chunks[:, 0])
+    with pytest.raises(ValueError, match=r"agent.execute_steps=4: a chunk holds agent.action_horizon=3"):
+        small_agent(action_horizon=3, execute_steps=4)
 
 
 def test_chunk_state_is_kept_per_env_of_the_vec_env():

@@ -60,6 +60,12 @@ def test_chunks_refuse_an_nstep_they_would_ignore():
     validate(compose_config("config", ["agent.action_horizon=2", "train.nstep=1"]), "config")
 
 
+def test_chunks_refuse_to_execute_more_actions_than_they_hold():
+    with pytest.raises(ConfigError, match=r"agent.execute_steps=3: a chunk holds agent.action_horizon=2"):
+        validate(compose_config("config", ["agent.action_horizon=2", "train.nstep=1", "agent.execute_steps=3"]), "config")
+    validate(compose_config("config", ["agent.action_horizon=2", "train.nstep=1", "agent.execute_steps=1"]), "config")
+
+
 def test_the_search_discounts_with_train_gamma_and_samples_with_agent_sample_steps():
     cfg = compose_config("config", ["budget=smoke", "train.gamma=0.9", "agent.sample_steps=2"])
     agent = build_agent(cfg.agent, {"object": (10,), TASK_KEY: ()}, 1)

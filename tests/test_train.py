@@ -190,6 +190,13 @@ def test_action_chunks_train_and_act_end_to_end(tmp_path):
     assert buffer.num_online == result["online_env_steps"]  # chunks still enter the buffer one step at a time
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("online/wm_consistency" in l for l in lines)
+    for execute_steps, returncode in ((1, 0), (3, 2)):  # receding horizon on the checkpoint; 3 > its chunk of 2
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"checkpoint={run_dir}",
+                               "episodes=1", "videos=0", "task.horizon=20", f"agent.execute_steps={execute_steps}",
+                               f"hydra.run.dir={tmp_path / f'execute{execute_steps}'}"],
+                              capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert proc.returncode == returncode, proc.stderr[-3000:]
+    assert "agent.execute_steps=3: a chunk holds agent.action_horizon=2" in proc.stderr
 
 
 def test_online_episodes_start_at_demo_states_when_asked(tmp_path):

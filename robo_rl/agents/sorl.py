@@ -44,6 +44,9 @@ class SORLConfig:
     actor_hidden_dims: tuple[int, ...] = (512, 512, 512, 512)
     actor_layer_norm: bool = True
     action_horizon: int = 1  # h: the policy and critic act on chunks of h actions
+    # Actions of each chunk executed before the next chunk is planned (receding horizon, Diffusion Policy's
+    # n_action_steps): fewer react sooner, at more decisions per episode. None: the whole chunk.
+    execute_steps: int | None = None
     flow_steps: int = 8  # finest Euler step count M; self-consistency covers 1 .. M/2
     q_steps: tuple[int, ...] = (1, 2, 4, 8)  # k drawn per update for the Q term and the TD target
     sample_steps: int = 4  # k for act() / pi()
@@ -90,10 +93,21 @@ class SORLConfig:
         for name in ("lr", "grad_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)}: must be > 0")
+        # execute_steps <= action_horizon: check_execute_steps, where the horizon that applies is known (the
+        # agent, the run's config, evaluate.py, which sets execute_steps for a checkpoint's horizon, not its own)
+        if self.execute_steps is not None and self.execute_steps < 1:
+            raise ValueError(f"execute_steps={self.execute_steps}: must be >= 1 (null: the whole chunk)")
         if self.bc_data not in BC_DATA:
             raise ValueError(f"bc_data={self.bc_data!r}: must be one of {BC_DATA}")
         if self.max_nonfinite_updates < 1:
             raise ValueError(f"max_nonfinite_updates={self.max_nonfinite_updates}: must be >= 1")
+
+
+def check_execute_steps(execute_steps: int | None, action_horizon: int) -> None:
+    """ValueError unless a chunk of `action_horizon` actions has `execute_steps` to execute (None: all)."""
+    if (execute_steps or 1) > action_horizon:
+        raise ValueError(f"agent.execute_steps={execute_steps}: a chunk holds agent.action_horizon={action_horizon} "
+                         f"actions; pass at most {action_horizon}, or null for the whole chunk")
 
 
 class NonFiniteUpdateError(RuntimeError):
@@ -116,6 +130,7 @@ class SORLAgent(nn.Module):
     ):
         super().__init__()
         self.config = cfg = config or SORLConfig()
+        check_execute_steps(cfg.execute_steps, cfg.action_horizon)
         self.action_dim = action_dim
         self.encoder = ObsEncoder(obs_shapes, num_tasks, cfg.encoder)
         latent_dim = cfg.encoder.latent_dim

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from robo_rl.agents.sorl import check_execute_steps
 from robo_rl.checkpoint import (
     ACTING_SETTINGS, actor_from_checkpoint, agent_from_checkpoint, build_actor, latest_checkpoint, load_checkpoint,
 )
@@ -128,8 +129,8 @@ def _journal_settings(cfg: DictConfig) -> dict:
 def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> DictConfig:
     """cfg with what the checkpoint was trained with: the env must observe what the agent was trained
     on, so task and observation settings come from it (task.* overrides on the command line, e.g.
-    task.horizon=30, still apply), and the agent acts with its trained sample_steps and best_of_n unless
-    the command line sets agent.sample_steps or agent.best_of_n."""
+    task.horizon=30, still apply), and the agent acts with its trained acting settings (ACTING_SETTINGS)
+    unless the command line sets them (agent.sample_steps=4, agent.execute_steps=2)."""
     keys = [o.split("=", 1)[0].lstrip("+") for o in overrides]
     asked = [o.split("=", 1)[1] for o, k in zip(overrides, keys) if k == "task"]
     if asked and asked[-1] != trained["task"]["name"]:
@@ -140,7 +141,12 @@ def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> Dic
     if unknown := sorted(acting_asked - set(ACTING_SETTINGS)):
         raise ConfigError(f"agent.{unknown[0]}: a checkpoint's agent is rebuilt as it was trained; evaluate.py "
                           f"may set only {', '.join('agent.' + k for k in ACTING_SETTINGS)}")
-    acting = {k: cfg.agent[k] if k in acting_asked else trained["agent"][k] for k in ACTING_SETTINGS}
+    # a checkpoint saved before a setting existed acts with the setting's default
+    acting = {k: cfg.agent[k] if k in acting_asked else trained["agent"].get(k, cfg.agent[k]) for k in ACTING_SETTINGS}
+    try:
+        check_execute_steps(acting["execute_steps"], trained["agent"]["action_horizon"])
+    except ValueError as e:
+        raise ConfigError(f"{e} (checkpoint={cfg.checkpoint})") from None
     return OmegaConf.merge(cfg, {"task": trained["task"], "agent": acting, "env": {
         k: trained["env"][k] for k in ("modality", "image_size")}},
         OmegaConf.from_dotlist([o for o in overrides if o.startswith("task.")]))

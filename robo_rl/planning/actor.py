@@ -26,10 +26,11 @@ class AgentActor:
     `resample_noise()` (the online loop calls it when an episode of that group starts).
 
     With action chunks (agent.config.action_horizon = h > 1) each env executes its chunk open loop:
-    a new chunk is planned for an env only when its last one is used up or `reset()` says its
-    episode restarted. Env loops call `reset(env_ids)` whenever episodes start. Chunk state is kept
-    per env of the VecEnv: `act(obs, env_ids)` may be given the rows of some envs only (evaluation
-    runs several actors over one VecEnv, each on its own envs).
+    a new chunk is planned for an env only when `agent.config.execute_steps` of its last one are used
+    (default all h: a receding horizon with fewer) or `reset()` says its episode restarted. Env loops
+    call `reset(env_ids)` whenever episodes start. Chunk state is kept per env of the VecEnv:
+    `act(obs, env_ids)` may be given the rows of some envs only (evaluation runs several actors over
+    one VecEnv, each on its own envs).
     """
 
     def __init__(self, agent, planner: QWMPlanner | None = None, best_of_n: int | None = None,
@@ -38,8 +39,9 @@ class AgentActor:
         self.param_noise_std, self.num_groups = param_noise_std, num_groups
         self.generator = torch.Generator(device=agent.device).manual_seed(seed)
         self.horizon = agent.config.action_horizon
+        self.execute_steps = agent.config.execute_steps or self.horizon
         self._chunks = torch.zeros(0, self.horizon, agent.action_dim)  # [E, h, A]: the chunk env e executes
-        self._next = torch.zeros(0, dtype=torch.long)  # [E]: index of its next action; h = used up
+        self._next = torch.zeros(0, dtype=torch.long)  # [E]: index of its next action; >= execute_steps: replan
         self._noisy_policies = None
         if param_noise_std > 0:
             self._noisy_policies = [copy.deepcopy(agent.policy).requires_grad_(False) for _ in range(num_groups)]
@@ -65,7 +67,7 @@ class AgentActor:
         if (extra := int(ids.max()) + 1 - len(self._next)) > 0:  # first sight of these envs: no chunk yet
             self._chunks = torch.cat([self._chunks, torch.zeros(extra, self.horizon, self.agent.action_dim)])
             self._next = torch.cat([self._next, torch.full((extra,), self.horizon)])
-        stale = torch.nonzero(self._next[ids] >= self.horizon).squeeze(1)  # rows of obs
+        stale = torch.nonzero(self._next[ids] >= self.execute_steps).squeeze(1)  # rows of obs
         if len(stale):
             self._chunks[ids[stale]] = self._plan({k: v[stale] for k, v in obs.items()}, ids[stale])
             self._next[ids[stale]] = 0
