@@ -196,6 +196,9 @@ def test_action_chunks_train_and_act_end_to_end(tmp_path):
                                f"hydra.run.dir={tmp_path / f'execute{execute_steps}'}"],
                               capture_output=True, text=True, timeout=600, cwd=ROOT)
         assert proc.returncode == returncode, proc.stderr[-3000:]
+    # the evaluation acted with K = 1, not the trained default: its episode journal records the setting
+    journal = (tmp_path / "execute1" / "episodes.jsonl").read_text().splitlines()
+    assert json.loads(journal[0])["settings"]["acting"]["execute_steps"] == 1
     assert "agent.execute_steps=3: a chunk holds agent.action_horizon=2" in proc.stderr
 
 
