@@ -41,3 +41,18 @@ def test_offline_points_get_their_own_panel_and_a_resume_drops_the_later_ones(tm
     resumed.add_offline(3000, 0.6)
     data = json.loads((tmp_path / "curves.json").read_text())
     assert data["offline_steps"] == [1000, 2000, 3000] and data["offline_success"] == [0.7, 0.8, 0.6]
+
+
+def test_the_legend_names_what_acts_without_search(tmp_path):
+    """A run acting by critic best-of-N must not have its curve labelled as the policy's own samples."""
+    def legend(curve):
+        return [t.get_text() for t in curve.figure().axes[-1].get_legend().get_texts()]
+
+    (tmp_path / "searched").mkdir()
+    alone = LearningCurve(tmp_path, no_search_actor="critic best-of-8")
+    alone.add(500, 0.5)
+    assert legend(alone) == ["critic best-of-8"]
+    searched = LearningCurve(tmp_path / "searched")
+    searched.set_offline(0.4)
+    searched.add(500, 0.6, 0.5)
+    assert legend(searched) == ["with search", "without search (policy)", "offline start"]

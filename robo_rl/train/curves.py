@@ -25,9 +25,13 @@ OFFLINE_KEYS = ("offline_steps", "offline_success")
 
 
 class LearningCurve:
-    """resume_env_steps / resume_offline_step: the counters of the checkpoint a resumed run starts from."""
+    """resume_env_steps / resume_offline_step: the counters of the checkpoint a resumed run starts from;
+    no_search_actor: what acts without search, as the plot names it ("policy", or "critic best-of-8" for a run
+    acting with agent.best_of_n=8)."""
 
-    def __init__(self, run_dir: str | Path, resume_env_steps: int | None = None, resume_offline_step: int = 0):
+    def __init__(self, run_dir: str | Path, resume_env_steps: int | None = None, resume_offline_step: int = 0,
+                 no_search_actor: str = "policy"):
+        self.no_search_actor = no_search_actor
         self.json_path, self.png_path = Path(run_dir) / "curves.json", Path(run_dir) / "curves.png"
         self.data = {**{k: [] for k in ONLINE_KEYS}, "offline_success_rate": None, **{k: [] for k in OFFLINE_KEYS}}
         if resume_env_steps is not None and self.json_path.exists():
@@ -59,25 +63,29 @@ class LearningCurve:
 
     def _write(self) -> None:
         write_json(self.json_path, self.data)
+        fig = self.figure()
+        fig.savefig(self.png_path, dpi=100)
+        plt.close(fig)
+
+    def figure(self) -> plt.Figure:
+        """The curves as curves.png draws them (the offline curve, when there is one, in a panel of its own)."""
         offline_curve = bool(self.data["offline_steps"])
         fig, axes = plt.subplots(1, 1 + offline_curve, figsize=(6 + 4 * offline_curve, 4), squeeze=False)
         if offline_curve:  # where pretraining peaked or fell off: the online curve starts from its end
             ax = axes[0, 0]
             ax.plot(self.data["offline_steps"], self.data["offline_success"], "o-", color="tab:green")
-            ax.set(xlabel="offline gradient steps", ylabel="success rate (policy alone)", ylim=(-0.02, 1.02))
+            ax.set(xlabel="offline gradient steps", ylabel=f"success rate ({self.no_search_actor})", ylim=(-0.02, 1.02))
             ax.grid(alpha=0.3)
         ax = axes[0, -1]
         steps = self.data["env_steps"]
-        ax.plot(steps, self.data["success"], "o-", label="with search" if any(
-            v is not None for v in self.data["success_no_search"]) else "policy")
         no_search = [(s, v) for s, v in zip(steps, self.data["success_no_search"]) if v is not None]
+        ax.plot(steps, self.data["success"], "o-", label="with search" if no_search else self.no_search_actor)
         if no_search:
-            ax.plot(*zip(*no_search), "s--", label="without search")
+            ax.plot(*zip(*no_search), "s--", label=f"without search ({self.no_search_actor})")
         if self.data["offline_success_rate"] is not None:
             ax.axhline(self.data["offline_success_rate"], color="gray", ls=":", label="offline start")
         ax.set(xlabel="online env steps", ylabel="success rate", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
         fig.tight_layout()
-        fig.savefig(self.png_path, dpi=100)
-        plt.close(fig)
+        return fig

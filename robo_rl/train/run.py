@@ -84,8 +84,10 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
         logger = RunLogger(run_dir if rank == 0 else run_dir / f"rank{rank}",
                            cfg if rank == 0 else OmegaConf.merge(cfg, {"logger": {"mode": "disabled"}}),
                            name=f"{cfg.task.name}-{run_dir.name}", resume_step=-1 if state is None else progress.step)
+        best_of_n = cfg.agent.best_of_n
         curve = LearningCurve(run_dir, resume_env_steps=None if state is None else progress.env_steps,
-                              resume_offline_step=progress.offline_step)
+                              resume_offline_step=progress.offline_step,
+                              no_search_actor=f"critic best-of-{best_of_n}" if best_of_n > 1 else "policy")
 
         trainer: Trainer = OfflineTrainer(cfg, agent, buffer, logger, run_dir, progress, curve)
         trainer.train()
