@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from einops import rearrange
 from omegaconf import OmegaConf
 from scipy import stats
 
@@ -60,21 +61,29 @@ def mean_spearman(scores: np.ndarray, truth: np.ndarray) -> tuple[float, int]:
     return (float(np.mean(rhos)) if rhos else float("nan")), len(rhos)
 
 
+def _chunks(actions: np.ndarray, horizon: int) -> np.ndarray:
+    """The real actions [d*h (+ rest), A] as the chunks the critic and world model take, [d, h*A] (rest dropped)."""
+    whole = len(actions) // horizon * horizon
+    return rearrange(actions[:whole], "(d h) a -> d (h a)", h=horizon)
+
+
 @torch.no_grad()
 def latent_errors(agent, visited, depth: int) -> tuple[list[float], list[float]]:
     """World-model error at depths 1..D against the encoder's latents of the real observations (the space
     it is trained to predict in), and the error of the "no change" prediction, both mean squared error
-    per latent dimension."""
+    per latent dimension. With chunks of h actions a depth is one chunk: the observation h env steps on."""
+    h = agent.config.action_horizon
     model_err, copy_err = [[] for _ in range(depth)], [[] for _ in range(depth)]
     for v in visited:
-        if not v.future_obs:
+        chunks = torch.as_tensor(_chunks(v.future_actions, h), device=agent.device)  # [d, h*A]
+        if not len(chunks):
             continue
         z0 = agent.encode(stack_obs([v.obs]))  # [1, Z]
-        targets = agent.encode(stack_obs(v.future_obs))  # [d, Z]
-        z = agent.world_model.dynamics(z0, torch.as_tensor(v.future_actions[:1], device=agent.device))  # [E, 1, Z]
-        for d in range(len(v.future_obs)):
+        targets = agent.encode(stack_obs(v.future_obs[h - 1::h][:len(chunks)]))  # [d, Z]
+        z = agent.world_model.dynamics(z0, chunks[:1])  # [E, 1, Z]
+        for d in range(len(chunks)):
             if d > 0:
-                z = agent.world_model._step(z, torch.as_tensor(v.future_actions[d:d + 1], device=agent.device))
+                z = agent.world_model._step(z, chunks[d:d + 1])
             model_err[d].append(float((z[:, 0] - targets[d]).pow(2).mean()))
             copy_err[d].append(float((z0[0] - targets[d]).pow(2).mean()))
     return [float(np.mean(e)) for e in model_err if e], [float(np.mean(e)) for e in copy_err if e]
@@ -90,13 +99,17 @@ def pick_bias(candidates: np.ndarray, index: np.ndarray) -> list[float]:
 @torch.no_grad()
 def q_calibration(agent, visited, pessimism: float) -> tuple[dict, np.ndarray, np.ndarray]:
     """Least-squares fit of Q(s_t, a_t) against the Monte-Carlo return; also the points (mc, q)."""
-    rows = [v for v in visited if len(v.future_actions)]
+    h = agent.config.action_horizon
+    rows = [v for v in visited if len(v.future_actions) >= h]
     z = agent.encode(stack_obs([v.obs for v in rows]))
-    a = torch.as_tensor(np.stack([v.future_actions[0] for v in rows]), device=agent.device)
+    a = torch.as_tensor(np.stack([_chunks(v.future_actions, h)[0] for v in rows]), device=agent.device)  # [M, h*A]
     q = agent.q(z, a, pessimism).float().cpu().numpy()
     mc = np.array([v.mc_return for v in rows])
-    fit = stats.linregress(mc, q)
-    return {"slope": float(fit.slope), "bias": float(fit.intercept), "r": float(fit.rvalue), "states": len(rows),
+    slope = bias = r = float("nan")  # every rollout returning alike (a policy that never succeeds): nothing to fit
+    if np.ptp(mc) > 0:
+        fit = stats.linregress(mc, q)
+        slope, bias, r = float(fit.slope), float(fit.intercept), float(fit.rvalue)
+    return {"slope": slope, "bias": bias, "r": r, "states": len(rows),
             "mean_q": float(q.mean()), "mean_mc_return": float(mc.mean())}, mc, q
 
 
@@ -163,7 +176,8 @@ def main() -> None:
 
     env = make_vec_env(cfg, num_envs=args.envs, autoreset=False)
     try:
-        visited = visit_states(env, policy, args.states, args.seed, gamma, depth=max(1, planner.cfg.depth))
+        depth = max(1, planner.cfg.depth)  # in chunks: the real steps that follow a state are depth * h
+        visited = visit_states(env, policy, args.states, args.seed, gamma, depth=depth * agent.config.action_horizon)
         print(f"[oracle] {len(visited)} states visited ({time.time() - t0:.0f} s)")
         with torch.no_grad():
             z = agent.encode(stack_obs([v.obs for v in visited]))
@@ -194,7 +208,7 @@ def main() -> None:
         chosen_return["oracle_cv"] = cross_validated_best(returns_runs)
         spread = {"success": candidate_spread(success_runs), "return": candidate_spread(returns_runs)}
     spearman = {k: mean_spearman(s, returns) for k, s in scores.items()}
-    model_err, copy_err = latent_errors(agent, visited, max(1, planner.cfg.depth))
+    model_err, copy_err = latent_errors(agent, visited, depth)
     calibration, mc, q_taken = q_calibration(agent, visited, kappa)
     result = {
         "checkpoint": str(args.checkpoint), "task": cfg.task.name, "states": len(visited), "rollouts": args.rollouts,

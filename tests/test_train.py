@@ -200,6 +200,13 @@ def test_action_chunks_train_and_act_end_to_end(tmp_path):
     journal = (tmp_path / "execute1" / "episodes.jsonl").read_text().splitlines()
     assert json.loads(journal[0])["settings"]["acting"]["execute_steps"] == 1
     assert "agent.execute_steps=3: a chunk holds agent.action_horizon=2" in proc.stderr
+    # the simulator oracle measures a chunk checkpoint too: its world model and critic step a chunk at a time
+    oracle = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_oracle.py"), "--checkpoint", str(run_dir),
+                             "--json", str(tmp_path / "oracle.json"), "--states", "2", "--rollouts", "1", "--envs", "1"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert oracle.returncode == 0, oracle.stderr[-3000:]
+    report = json.loads((tmp_path / "oracle.json").read_text())
+    assert len(report["latent_error"]) >= 1 and report["q_calibration"]["states"] == 2
 
 
 def test_online_episodes_start_at_demo_states_when_asked(tmp_path):
