@@ -114,3 +114,21 @@ def test_chunk_state_is_kept_per_env_of_the_vec_env():
     step = actor.act(obs(2), env_ids=[1, 3])
     assert torch.equal(step[0], chunks[1, 2]) and torch.equal(step[1], actor._chunks[3, 0])
     assert not torch.equal(actor._chunks[3], chunks[3]) and actor._next.tolist() == [3, 3, 3, 1]
+
+
+def test_drift_guard_keeps_each_envs_lean_until_its_episode_restarts():
+    agent = small_agent()
+    actor = AgentActor(agent, QWMPlanner(QWMConfig(num_actions=4, num_samples=2, depth=1, leaf_actions=2,
+                                                   drift_decay=0.5)))
+    actor.act(obs(2), env_ids=[2, 0])  # state grows to envs 0..2; env 1 has not acted
+    first = actor._drift.clone()
+    assert first.shape == (3, 3) and (first[[0, 2]].abs().sum(1) > 0).all() and (first[1] == 0).all()
+    # the planner is handed each env's own lean and returns it decayed plus the new pick's deviation
+    planned = []
+    plan = actor.planner.plan
+    actor.planner.plan = lambda *args, **kwargs: planned.append(kwargs["drift"].clone()) or plan(*args, **kwargs)
+    actor.act(obs(1), env_ids=[2])
+    torch.testing.assert_close(planned[0], first[[2]])
+    assert torch.equal(actor._drift[0], first[0]) and not torch.equal(actor._drift[2], first[2])
+    actor.reset([2])
+    assert (actor._drift[2] == 0).all() and torch.equal(actor._drift[0], first[0])

@@ -143,6 +143,34 @@ def test_softmax_selection_draws_in_proportion_to_exp_score():
     assert torch.equal(index, draw(seed=1)) and not torch.equal(index, draw(seed=2))
 
 
+def test_drift_guard_stops_a_critic_from_leaning_the_same_way_at_every_state():
+    # myopic_q prefers the largest step right at every state: an argmax over fresh policy samples leans right
+    # each time, and the leans add up. The guard lets a pick lean right again only once the sum has decayed.
+    z, steps = torch.zeros(8, 2), 60
+    leans = {}
+    for decay in (None, 0.9):
+        planner = QWMPlanner(QWMConfig(num_actions=16, depth=0, drift_decay=decay, precision="fp32"))
+        pi, drift, picked = uniform_policy(seed=0), None, []
+        for _ in range(steps):
+            _, info = planner.plan(z, pi, myopic_q, cliff_next, drift=drift)
+            candidates = info["candidates"][..., 0]  # [B, N]
+            deviation = (candidates - candidates.mean(1, keepdim=True)) / candidates.std(1, keepdim=True)
+            pick = deviation.gather(1, info["index"][:, None]).squeeze(1)
+            if decay is not None:
+                # the best-scored candidate that does not lean the way the sum so far does (all at the start)
+                eligible = deviation * (0.0 if drift is None else drift) <= 0
+                best = candidates.masked_fill(~eligible, -torch.inf).argmax(1)
+                assert torch.equal(info["index"], best)
+                torch.testing.assert_close(info["drift"][:, 0], pick + decay * (0.0 if drift is None else drift[:, 0]))
+                drift = info["drift"]
+            picked.append(pick)
+        leans[decay] = torch.stack(picked).mean(0)  # [B]: each env's mean lean per decision, in std units
+    assert (leans[None] > 1.0).all()  # the best of 16 sits ~1.7 std right of the candidates' mean, every time
+    assert (leans[0.9].abs() < 0.3).all()  # guarded: the leans cancel over the episode
+    with pytest.raises(ValueError, match="drift_decay"):
+        QWMConfig(drift_decay=1.0)
+
+
 def test_planner_runs_on_the_world_model_and_names_bad_inputs():
     model = LatentWorldModel(LATENT, ACTION, num_heads=4, hidden_dim=16, reward=True)
     pi = InputSeededPolicy()

@@ -31,6 +31,9 @@ class AgentActor:
     call `reset(env_ids)` whenever episodes start. Chunk state is kept per env of the VecEnv:
     `act(obs, env_ids)` may be given the rows of some envs only (evaluation runs several actors over
     one VecEnv, each on its own envs).
+
+    With the planner's drift guard (`planner.drift_decay`) the actor keeps each env's accumulated lean ℓ of the
+    search's picks (`QWMPlanner.plan`'s `drift`), from zero at every `reset`.
     """
 
     def __init__(self, agent, planner: QWMPlanner | None = None, best_of_n: int | None = None,
@@ -42,6 +45,7 @@ class AgentActor:
         self.execute_steps = agent.config.execute_steps or self.horizon
         self._chunks = torch.zeros(0, self.horizon, agent.action_dim)  # [E, h, A]: the chunk env e executes
         self._next = torch.zeros(0, dtype=torch.long)  # [E]: index of its next action; >= execute_steps: replan
+        self._drift = torch.zeros(0, agent.policy.flat_dim)  # [E, h*A]: ℓ of env e's picks (the drift guard)
         self._noisy_policies = None
         if param_noise_std > 0:
             self._noisy_policies = [copy.deepcopy(agent.policy).requires_grad_(False) for _ in range(num_groups)]
@@ -57,6 +61,7 @@ class AgentActor:
     def reset(self, env_ids) -> None:
         """Episodes (re)start in `env_ids`: their next `act` plans afresh instead of finishing a chunk."""
         self._next[[i for i in env_ids if i < len(self._next)]] = self.horizon  # unseen envs start fresh
+        self._drift[[i for i in env_ids if i < len(self._drift)]] = 0.0
 
     @torch.no_grad()
     def act(self, obs: dict[str, torch.Tensor], env_ids: list[int] | None = None) -> torch.Tensor:
@@ -85,7 +90,7 @@ class AgentActor:
             z = agent.encode(obs)
             actions = torch.empty(z.shape[0], agent.policy.flat_dim, device=z.device)
             for g, rows in self._groups(env_ids):
-                actions[rows] = self._act_latent(z[rows], g)
+                actions[rows] = self._act_latent(z[rows], g, env_ids[rows])
             actions = rearrange(actions, "n (h a) -> n h a", h=self.horizon) if self.horizon > 1 else actions
         return actions.cpu()
 
@@ -96,7 +101,7 @@ class AgentActor:
         group_of = env_ids % self.num_groups
         return [(g, torch.nonzero(group_of == g).squeeze(1)) for g in range(self.num_groups) if (group_of == g).any()]
 
-    def _act_latent(self, z: torch.Tensor, group: int | None) -> torch.Tensor:
+    def _act_latent(self, z: torch.Tensor, group: int | None, env_ids: torch.Tensor) -> torch.Tensor:
         agent = self.agent
         policy = agent.policy if group is None else self._noisy_policies[group]
         pi = policy.sample  # z [M, Z] -> a [M, h*A] by the policy's sample_steps Euler steps
@@ -107,5 +112,10 @@ class AgentActor:
         terminal = wm.terminal if wm.has_termination else None
         kappa = self.planner.cfg.pessimism
         q = (lambda zz, aa: agent.q(zz, aa, kappa)) if kappa else agent.q  # noqa: E731
-        actions, _ = self.planner.plan(z, pi, q, wm.next, reward, terminal)
+        if self.planner.cfg.drift_decay is None:
+            return self.planner.plan(z, pi, q, wm.next, reward, terminal)[0]
+        if (extra := int(env_ids.max()) + 1 - len(self._drift)) > 0:  # first sight of these envs: no lean yet
+            self._drift = torch.cat([self._drift, self._drift.new_zeros(extra, self._drift.shape[1])])
+        actions, info = self.planner.plan(z, pi, q, wm.next, reward, terminal, drift=self._drift[env_ids].to(z.device))
+        self._drift[env_ids] = info["drift"].float().cpu()
         return actions

@@ -82,6 +82,22 @@ collected without search) evaluated at its checkpoints, 100 paired episodes each
 online env steps through −0.05 / +0.02 / −0.03 at 30k / 40k / 50k to +0.08 at 60k (+0.090 [+0.043, +0.137] over
 200) and +0.04 / +0.065 at 80k / 100k (README, search section). The default budget's 2000 steps are far below that.
 
+Both the loss on Can and the gain on Lift come from picks scored within a hair of the policy's own sample. Tried
+and not kept (2026-12-06): a margin δ, acting on the pick only if it scores ≥ δ above candidate 0 (a plain policy
+sample), else on candidate 0. On a default Can checkpoint 95% of the search's decisions come within 0.01 of
+candidate 0 (none beyond 0.03), on the few-demo Lift recipe's 77% (8% beyond 0.03; 160 visited states each).
+Paired, 100 episodes each: Can (policy alone 0.81, QWM 0.33), δ = 0.01: QWM 0.86, δ = 0.004: 0.81; Lift (policy
+alone 0.85, QWM 0.98), δ = 0.01: 0.86, δ = 0.004: 0.89. It makes the search harmless and takes its gain with it.
+
+The drift guard (`planner.drift_decay` ρ) goes at the lean instead. Per env the caller keeps ℓ ← ρ·ℓ + d, d the
+pick's deviation from its state's candidate mean in units of their per-dimension std (`AgentActor` does, from zero
+at each episode's start), and a candidate is eligible only if d·ℓ ≤ 0 (where none is, all are): a pick may lean the
+way the recent picks leaned only once their sum has decayed or been undone. A critic that prefers the same
+direction at every state then alternates instead of drifting (tests/test_qwm.py: a mean lean of ~0.07 std per
+decision against 1.6 unguarded), while the search still picks the best-scored of the eligible half. Paired, 100
+episodes, ρ = 0.9 (2026-12-06): the Can checkpoint above, QWM 0.29 → 0.78 (policy alone 0.85: −0.07 [−0.13, −0.01]
+left), best-of-N 0.78; the few-demo Lift checkpoint, QWM 0.93 → 0.91 (policy alone 0.84), best-of-N 0.89.
+
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
 termination head multiplies later terms by the probability that the imagined episode is still
@@ -125,6 +141,10 @@ class QWMConfig:
     # samples), ū the mean over the state's candidates (SAILOR's ensemble-uncertainty cost, scale-free).
     # Depth 0 (best-of-N by Q) has no world model to ask and ignores it. Off by default: see the module docstring.
     uncertainty: float = 0.0
+    # ρ: the drift guard (None: off). Per env the planner's caller keeps ℓ ← ρ·ℓ + d_pick, d the pick's deviation from
+    # its state's candidate mean in units of their per-dimension std; a candidate is eligible only if d·ℓ ≤ 0, so
+    # the picks cannot keep leaning one way (see the module docstring). 0.9: ℓ remembers ~10 decisions.
+    drift_decay: float | None = None
     # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 on CPUs that do it natively (AMX
     # tiles or AVX512-BF16), fp32 elsewhere (emulated bf16 is slower than fp32) and on CUDA (see auto_bf16).
     precision: str = "auto"
@@ -150,6 +170,8 @@ class QWMConfig:
             raise ValueError(f"pessimism={self.pessimism}: must be >= 0")
         if self.uncertainty < 0:
             raise ValueError(f"uncertainty={self.uncertainty}: must be >= 0")
+        if self.drift_decay is not None and not 0.0 <= self.drift_decay < 1.0:
+            raise ValueError(f"drift_decay={self.drift_decay}: a decay, must lie in [0, 1) (null: no drift guard)")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature}: must be > 0")
 
@@ -176,22 +198,25 @@ class QWMPlanner:
         reward: Reward | None = None,
         terminal: Terminal | None = None,
         generator: torch.Generator | None = None,
+        drift: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """z [B, Z] -> (actions [B, A], info).
 
         info: "candidates" [B, N, A], "scores" [B, N], "q" [B, N] (critic at the root), "index" [B]
-        (the chosen candidate) and, for depth > 0, "tree_value" [B, N] (T above).
+        (the chosen candidate) and, for depth > 0, "tree_value" [B, N] (T above); with the drift guard,
+        "drift" [B, A]: each env's ℓ after this pick, to pass back as `drift` at its next decision.
         generator: drives softmax selection; the callables draw their own randomness.
+        drift: [B, A] each env's ℓ so far (zeros at an episode's start; None: zeros); used with cfg.drift_decay.
         """
         cfg = self.cfg
         if z.dim() != 2:
             raise ValueError(f"z must be a batch of latents [B, Z], got shape {tuple(z.shape)}")
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and auto_bf16(z.device))
         with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=bf16):
-            actions, info = self._search(z, pi, q, next, reward, terminal, generator)
+            actions, info = self._search(z, pi, q, next, reward, terminal, generator, drift)
         return actions.float(), info
 
-    def _search(self, z, pi, q, next, reward, terminal, generator) -> tuple[Tensor, dict[str, Tensor]]:
+    def _search(self, z, pi, q, next, reward, terminal, generator, drift) -> tuple[Tensor, dict[str, Tensor]]:
         cfg = self.cfg
         B = z.shape[0]
         z0 = repeat(z, "b z -> (b n) z", n=cfg.num_actions)  # one row per root action
@@ -206,7 +231,16 @@ class QWMPlanner:
             info["scores"] = (cfg.root_weight * info["q"] + (1.0 - cfg.root_weight) * tree_value
                               - cfg.uncertainty * relative)
             info |= {"tree_value": tree_value, "disagreement": disagreement}
-        info["index"] = self._select(info["scores"], generator)
+        if cfg.drift_decay is None:
+            info["index"] = self._select(info["scores"], generator)
+        else:
+            candidates = info["candidates"].float()
+            deviation = (candidates - candidates.mean(1, keepdim=True)) / candidates.std(1, keepdim=True).clamp_min(1e-6)
+            drift = torch.zeros_like(candidates[:, 0]) if drift is None else drift.to(candidates)
+            eligible = torch.einsum("bna,ba->bn", deviation, drift) <= 0
+            eligible |= ~eligible.any(1, keepdim=True)  # none leans back (ℓ = 0 at a start): all are
+            info["index"] = self._select(info["scores"].masked_fill(~eligible, -torch.inf), generator)
+            info["drift"] = cfg.drift_decay * drift + deviation[torch.arange(B, device=z.device), info["index"]]
         return info["candidates"][torch.arange(B, device=z.device), info["index"]], info
 
     def _tree_value(self, z0: Tensor, a0: Tensor, pi, q, next, reward, terminal) -> tuple[Tensor, Tensor]:
