@@ -96,7 +96,9 @@ way the recent picks leaned only once their sum has decayed or been undone. A cr
 direction at every state then alternates instead of drifting (tests/test_qwm.py: a mean lean of ~0.07 std per
 decision against 1.6 unguarded), while the search still picks the best-scored of the eligible half. Paired, 100
 episodes, ρ = 0.9 (2026-12-06): the Can checkpoint above, QWM 0.29 → 0.78 (policy alone 0.85: −0.07 [−0.13, −0.01]
-left), best-of-N 0.78; the few-demo Lift checkpoint, QWM 0.93 → 0.91 (policy alone 0.84), best-of-N 0.89.
+left), best-of-N 0.78; the few-demo Lift checkpoint, QWM 0.93 → 0.91 (policy alone 0.84), best-of-N 0.89. Fresh
+default runs collected through it, 200 paired episodes: Can seeds 0 / 1 QWM −0.020 [−0.064, +0.024] / +0.040
+[+0.003, +0.077] against the policy alone (0.860 / 0.935), Lift +0.010 [−0.010, +0.030]. Hence the default ρ = 0.9.
 
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
