@@ -154,7 +154,7 @@ def test_drift_guard_stops_a_critic_from_leaning_the_same_way_at_every_state():
         for _ in range(steps):
             _, info = planner.plan(z, pi, myopic_q, cliff_next, drift=drift)
             candidates = info["candidates"][..., 0]  # [B, N]
-            deviation = (candidates - candidates.mean(1, keepdim=True)) / candidates.std(1, keepdim=True)
+            deviation = (candidates - candidates.mean(1, keepdim=True)) / candidates.std(1, keepdim=True, correction=0)
             pick = deviation.gather(1, info["index"][:, None]).squeeze(1)
             if decay is not None:
                 # the best-scored candidate that does not lean the way the sum so far does (all at the start)

@@ -237,10 +237,11 @@ class QWMPlanner:
             info["index"] = self._select(info["scores"], generator)
         else:
             candidates = info["candidates"].float()
-            deviation = (candidates - candidates.mean(1, keepdim=True)) / candidates.std(1, keepdim=True).clamp_min(1e-6)
+            spread = candidates.std(1, keepdim=True, correction=0).clamp_min(1e-6)  # 0 for a single candidate
+            deviation = (candidates - candidates.mean(1, keepdim=True)) / spread
             drift = torch.zeros_like(candidates[:, 0]) if drift is None else drift.to(candidates)
             eligible = torch.einsum("bna,ba->bn", deviation, drift) <= 0
-            eligible |= ~eligible.any(1, keepdim=True)  # none leans back (ℓ = 0 at a start): all are
+            eligible |= ~eligible.any(1, keepdim=True)  # where no candidate leans back, all are eligible
             info["index"] = self._select(info["scores"].masked_fill(~eligible, -torch.inf), generator)
             info["drift"] = cfg.drift_decay * drift + deviation[torch.arange(B, device=z.device), info["index"]]
         return info["candidates"][torch.arange(B, device=z.device), info["index"]], info
