@@ -99,6 +99,8 @@ episodes, ρ = 0.9 (2026-12-06): the Can checkpoint above, QWM 0.29 → 0.78 (po
 left), best-of-N 0.78; the few-demo Lift checkpoint, QWM 0.93 → 0.91 (policy alone 0.84), best-of-N 0.89. Fresh
 default runs collected through it, 200 paired episodes: Can seeds 0 / 1 QWM −0.020 [−0.064, +0.024] / +0.040
 [+0.003, +0.077] against the policy alone (0.860 / 0.935), Lift +0.010 [−0.010, +0.030]. Hence the default ρ = 0.9.
+Where the lean is what works it costs: the few-demo Lift recipe, which clones the successes its search collects,
+trained with it ended at QWM 0.73 against 0.98 without (seed 0, 100 paired), so that recipe turns it off.
 
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
