@@ -52,6 +52,7 @@ from robo_rl.envs.vector import stack_obs
 from robo_rl.eval.oracle import action_values, candidate_spread, cross_validated_best, visit_states
 from robo_rl.eval.runner import qwm_planner_config
 from robo_rl.planning.actor import AgentActor
+from robo_rl.planning.qwm import candidate_deviation
 
 
 def mean_spearman(scores: np.ndarray, truth: np.ndarray) -> tuple[float, int]:
@@ -90,10 +91,10 @@ def latent_errors(agent, visited, depth: int) -> tuple[list[float], list[float]]
 
 
 def pick_bias(candidates: np.ndarray, index: np.ndarray) -> list[float]:
-    """candidates [M, N, A], chosen index [M] -> [A]: mean of (pick - candidates' mean) / their std."""
-    chosen = candidates[np.arange(len(index)), index]
-    offset = (chosen - candidates.mean(1)) / (candidates.std(1) + 1e-8)
-    return offset.mean(0).round(3).tolist()
+    """candidates [M, N, A], chosen index [M] -> [A]: mean of (pick - candidates' mean) / their std, the lean
+    the planner's drift guard keeps from adding up."""
+    offset = candidate_deviation(torch.as_tensor(candidates))[np.arange(len(index)), index]  # [M, A]
+    return offset.mean(0).numpy().round(3).tolist()
 
 
 @torch.no_grad()

@@ -60,18 +60,20 @@ class AgentActor:
 
     def reset(self, env_ids) -> None:
         """Episodes (re)start in `env_ids`: their next `act` plans afresh instead of finishing a chunk."""
-        self._next[[i for i in env_ids if i < len(self._next)]] = self.horizon  # unseen envs start fresh
-        self._drift[[i for i in env_ids if i < len(self._drift)]] = 0.0
+        seen = [i for i in env_ids if i < len(self._next)]  # unseen envs start fresh
+        self._next[seen] = self.horizon
+        self._drift[seen] = 0.0
 
     @torch.no_grad()
     def act(self, obs: dict[str, torch.Tensor], env_ids: list[int] | None = None) -> torch.Tensor:
         """obs dict [n, ...] of the envs `env_ids` (default 0..n-1) -> their actions [n, A] this step (CPU)."""
         ids = torch.arange(next(iter(obs.values())).shape[0]) if env_ids is None else torch.as_tensor(env_ids)
-        if self.horizon == 1:
-            return self._plan(obs, ids)
-        if (extra := int(ids.max()) + 1 - len(self._next)) > 0:  # first sight of these envs: no chunk yet
+        if (extra := int(ids.max()) + 1 - len(self._next)) > 0:  # first sight of these envs: no chunk, no lean yet
             self._chunks = torch.cat([self._chunks, torch.zeros(extra, self.horizon, self.agent.action_dim)])
             self._next = torch.cat([self._next, torch.full((extra,), self.horizon)])
+            self._drift = torch.cat([self._drift, self._drift.new_zeros(extra, self._drift.shape[1])])
+        if self.horizon == 1:
+            return self._plan(obs, ids)
         stale = torch.nonzero(self._next[ids] >= self.execute_steps).squeeze(1)  # rows of obs
         if len(stale):
             self._chunks[ids[stale]] = self._plan({k: v[stale] for k, v in obs.items()}, ids[stale])
@@ -112,10 +114,7 @@ class AgentActor:
         terminal = wm.terminal if wm.has_termination else None
         kappa = self.planner.cfg.pessimism
         q = (lambda zz, aa: agent.q(zz, aa, kappa)) if kappa else agent.q  # noqa: E731
-        if self.planner.cfg.drift_decay is None:
-            return self.planner.plan(z, pi, q, wm.next, reward, terminal)[0]
-        if (extra := int(env_ids.max()) + 1 - len(self._drift)) > 0:  # first sight of these envs: no lean yet
-            self._drift = torch.cat([self._drift, self._drift.new_zeros(extra, self._drift.shape[1])])
         actions, info = self.planner.plan(z, pi, q, wm.next, reward, terminal, drift=self._drift[env_ids].to(z.device))
-        self._drift[env_ids] = info["drift"].float().cpu()
+        if "drift" in info:  # the drift guard is on
+            self._drift[env_ids] = info["drift"].float().cpu()
         return actions

@@ -223,6 +223,7 @@ class QWMPlanner:
     def _search(self, z, pi, q, next, reward, terminal, generator, drift) -> tuple[Tensor, dict[str, Tensor]]:
         cfg = self.cfg
         B = z.shape[0]
+        rows = torch.arange(B, device=z.device)
         z0 = repeat(z, "b z -> (b n) z", n=cfg.num_actions)  # one row per root action
         a0 = _policy(pi, z0)
         q0 = _value(q, z0, a0)
@@ -238,15 +239,13 @@ class QWMPlanner:
         if cfg.drift_decay is None:
             info["index"] = self._select(info["scores"], generator)
         else:
-            candidates = info["candidates"].float()
-            spread = candidates.std(1, keepdim=True, correction=0).clamp_min(1e-6)  # 0 for a single candidate
-            deviation = (candidates - candidates.mean(1, keepdim=True)) / spread
-            drift = torch.zeros_like(candidates[:, 0]) if drift is None else drift.to(candidates)
+            deviation = candidate_deviation(info["candidates"])
+            drift = torch.zeros_like(deviation[:, 0]) if drift is None else drift.to(deviation)
             eligible = torch.einsum("bna,ba->bn", deviation, drift) <= 0
             eligible |= ~eligible.any(1, keepdim=True)  # where no candidate leans back, all are eligible
             info["index"] = self._select(info["scores"].masked_fill(~eligible, -torch.inf), generator)
-            info["drift"] = cfg.drift_decay * drift + deviation[torch.arange(B, device=z.device), info["index"]]
-        return info["candidates"][torch.arange(B, device=z.device), info["index"]], info
+            info["drift"] = cfg.drift_decay * drift + deviation[rows, info["index"]]
+        return info["candidates"][rows, info["index"]], info
 
     def _tree_value(self, z0: Tensor, a0: Tensor, pi, q, next, reward, terminal) -> tuple[Tensor, Tensor]:
         """(T, u) for each of the M = B·N root actions z0 [M, Z], a0 [M, A]: [M] each; u is the world
@@ -290,6 +289,14 @@ class QWMPlanner:
             return scores.argmax(1)
         probs = torch.softmax(scores / self.cfg.temperature, dim=1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def candidate_deviation(candidates: Tensor) -> Tensor:
+    """candidates [B, N, A] -> [B, N, A]: each candidate's offset from its state's candidate mean, in units of the
+    candidates' std per dimension (population std; 0 where they do not differ): how far a pick leans."""
+    candidates = candidates.float()
+    spread = candidates.std(1, keepdim=True, correction=0).clamp_min(1e-6)
+    return (candidates - candidates.mean(1, keepdim=True)) / spread
 
 
 def auto_bf16(device: torch.device) -> bool:
