@@ -65,7 +65,7 @@ policy); Lift (200 episodes), policy alone 0.960: β = 0.1 0.995, β = 0 0.990. 
 checkpoint's replay buffer the cost's own pick leans −0.22 std along x (where the heads agree, the data is
 dense): a cost that keeps the robot where the model has data may also keep it from where the task goes (a
 reading, not checked in videos). Fresh Can runs collected and evaluated with β = 0 still lose to the policy
-(seeds 0 / 1: −0.22 / −0.36; critic best-of-N −0.06 / −0.34): README, search section.
+(seeds 0 / 1: −0.22 / −0.36; critic best-of-N −0.06 / −0.34): docs/results.md, search section.
 
 The tree value is noisy: its probe and leaf actions are policy samples, and two scorings of the same 8 candidates
 at 256 replay states of each of four Can checkpoints differ by an sd of 0.0004-0.0008, half of T's spread over the
@@ -80,7 +80,8 @@ every state that randomness keeps the drift down (our reading of the second chec
 What does make the critic's ranking work is online steps on the policy's own outcomes: one Can-50 run (seed 0,
 collected without search) evaluated at its checkpoints, 100 paired episodes each, goes from QWM −0.32 at 20k
 online env steps through −0.05 / +0.02 / −0.03 at 30k / 40k / 50k to +0.08 at 60k (+0.090 [+0.043, +0.137] over
-200) and +0.04 / +0.065 at 80k / 100k (README, search section). The default budget's 2000 steps are far below that.
+200) and +0.04 / +0.065 at 80k / 100k (docs/results.md, search section). The default budget's 2000 steps are far
+below that.
 
 Both the loss on Can and the gain on Lift come from picks scored within a hair of the policy's own sample. Tried
 and not kept (2026-12-06): a margin δ, acting on the pick only if it scores ≥ δ above candidate 0 (a plain policy

@@ -20,7 +20,7 @@ class OfflineTrainer(Trainer):
 
     With `budget.offline_eval_every` > 0 the policy alone is evaluated every that many steps (a point of
     the curve's offline panel): the Q term can pull the policy off the demonstrations the longer it trains
-    (README, "Where pretraining falls off"), and this is where a run shows it.
+    (docs/results.md, "Where pretraining falls off"), and this is where a run shows it.
     """
 
     phase = "offline"
