@@ -223,7 +223,7 @@ class EvaluateConfig:  # conf/evaluate.yaml
     logger: LoggerConfig
     policy: Literal["random", "scripted", "checkpoint"]
     checkpoint: str | None
-    compare: tuple[Literal["none", "best_of_n", "qwm"], ...] | None
+    compare: tuple[Literal["none", "guard", "best_of_n", "qwm"], ...] | None
     episodes: int
     episodes_per_task: int  # LIBERO suites: the protocol's episodes per task, episode j from init state j
     videos: int

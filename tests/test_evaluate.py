@@ -14,7 +14,7 @@ from robo_rl.envs import env_spec
 from robo_rl.envs.vector import VecEnv
 from robo_rl.eval.policies import RandomPolicy
 from robo_rl.eval.rollout import evaluate_actors
-from robo_rl.eval.runner import compare_actors
+from robo_rl.eval.runner import PLANNER_CONF, compare_actors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,5 +79,8 @@ def test_actors_share_each_episodes_initial_state(lift_spec):
 
 
 def test_unknown_compare_actor_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"\['beam'\].*valid actors: \['none', 'best_of_n', 'qwm'\]"):
+    with pytest.raises(ValueError, match=r"\['beam'\].*valid actors: \['none', 'guard', 'best_of_n', 'qwm'\]"):
         compare_actors(OmegaConf.create({"planner": {"name": "none"}}), {}, ["none", "beam"])
+    unguarded = OmegaConf.merge(OmegaConf.load(PLANNER_CONF / "qwm.yaml"), {"drift_decay": None})
+    with pytest.raises(ValueError, match="guard.*planner.drift_decay=null"):
+        compare_actors(OmegaConf.create({"planner": unguarded}), {}, ["none", "guard"])

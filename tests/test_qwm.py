@@ -171,6 +171,27 @@ def test_drift_guard_stops_a_critic_from_leaning_the_same_way_at_every_state():
         QWMConfig(drift_decay=1.0)
 
 
+def test_random_selection_is_the_guard_alone_a_uniform_draw_among_eligible_candidates():
+    # selection="random" ignores the scores (myopic_q would always take the largest step) and draws uniformly
+    # among the candidates the guard lets through: with a lean to the right, exactly those left of the mean.
+    num_envs, N = 4000, 4
+    grid = torch.linspace(-1, 1, N)  # deviations from the mean: two left, two right
+
+    def fixed_candidates(z):
+        return repeat(grid, "n -> (m n) 1", m=z.shape[0] // N)
+
+    planner = QWMPlanner(QWMConfig(num_actions=N, depth=0, selection="random", drift_decay=0.9))
+    lean = torch.ones(num_envs, 1)  # every env's picks so far leaned right
+    generator = torch.Generator().manual_seed(0)
+    _, info = planner.plan(torch.zeros(num_envs, 2), fixed_candidates, myopic_q, cliff_next, generator=generator,
+                           drift=lean)
+    frequency = torch.bincount(info["index"], minlength=N).float() / num_envs
+    torch.testing.assert_close(frequency, torch.tensor([0.5, 0.5, 0.0, 0.0]), atol=0.03, rtol=0)
+    _, info = planner.plan(torch.zeros(num_envs, 2), fixed_candidates, myopic_q, cliff_next, generator=generator)
+    frequency = torch.bincount(info["index"], minlength=N).float() / num_envs  # no lean yet: all eligible
+    torch.testing.assert_close(frequency, torch.full((N,), 0.25), atol=0.03, rtol=0)
+
+
 def test_planner_runs_on_the_world_model_and_names_bad_inputs():
     model = LatentWorldModel(LATENT, ACTION, num_heads=4, hidden_dim=16, reward=True)
     pi = InputSeededPolicy()

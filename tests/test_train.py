@@ -165,20 +165,21 @@ def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):
 
 def test_evaluate_compares_actors_on_paired_episodes(lift_run, tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"checkpoint={lift_run}",
-                           "compare=[none,best_of_n,qwm]", "episodes=4", "videos=0", "task.horizon=30",
+                           "compare=[none,guard,best_of_n,qwm]", "episodes=4", "videos=0", "task.horizon=30",
                            f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "gain vs none [CI]" in proc.stdout and "best_of_n" in proc.stdout  # the table
     result = json.loads((tmp_path / "eval.json").read_text())
-    assert list(result["actors"]) == ["none", "best_of_n", "qwm"]
+    assert list(result["actors"]) == ["none", "guard", "best_of_n", "qwm"]
     assert result["episodes"] == 4 and result["checkpoint"] == str(lift_run) and result["task"] == "lift"
     for r in result["actors"].values():
         lo, hi = r["success_ci"]
         assert r["episodes"] == 4 and 0.0 <= lo <= r["success_rate"] <= hi <= 1.0 and r["ms_per_decision"] > 0
         assert r["mean_length"] <= 30
-    assert result["search_gain"]["episodes"] == 4 and set(result["gains"]) == {"best_of_n", "qwm"}
+    assert result["search_gain"]["episodes"] == 4 and set(result["gains"]) == {"guard", "best_of_n", "qwm"}
     digests = {name: [e["init_digest"] for e in r["per_episode"]] for name, r in result["actors"].items()}
-    assert digests["none"] == digests["best_of_n"] == digests["qwm"] and len(set(digests["none"])) == 4
+    assert digests["none"] == digests["guard"] == digests["best_of_n"] == digests["qwm"]
+    assert len(set(digests["none"])) == 4
 
 
 def test_action_chunks_train_and_act_end_to_end(tmp_path):

@@ -55,15 +55,21 @@ def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[
     """The checkpoint's agent (rebuilt once) wrapped as each of `names`:
 
     none: the policy's own sample (best_of_n=1); qwm: QWM search; best_of_n: the best of the search's N
-    policy samples by the search's critic score (the qwm planner at depth 0). The qwm settings are the
-    run's `planner` when planner=qwm (with any planner.* overrides), else conf/planner/qwm.yaml.
+    policy samples by the search's critic score (the qwm planner at depth 0); guard: a random one of the N
+    that the drift guard lets through, no score at all (what the guard adds by itself, so that a search gain
+    over `guard` is the scores' own). The qwm settings are the run's `planner` when planner=qwm (with any
+    planner.* overrides), else conf/planner/qwm.yaml.
     The checkpoint's agent acts with cfg.agent's sample_steps; the searches discount by its train.gamma.
     """
     qwm = qwm_planner_config(cfg.planner)
-    planners = {"none": None, "best_of_n": OmegaConf.merge(qwm, {"depth": 0}), "qwm": qwm}
+    planners = {"none": None, "guard": OmegaConf.merge(qwm, {"depth": 0, "selection": "random"}),
+                "best_of_n": OmegaConf.merge(qwm, {"depth": 0}), "qwm": qwm}
     unknown = [n for n in names if n not in planners]
     if unknown:
         raise ValueError(f"unknown actors {unknown} in compare=; valid actors: {list(planners)}")
+    if "guard" in names and qwm.get("drift_decay") is None:
+        raise ValueError("compare=[...,guard] isolates the drift guard, which planner.drift_decay=null turns off: "
+                         "drop guard from compare, or set planner.drift_decay (conf/planner/qwm.yaml: 0.9)")
     agent = agent_from_checkpoint(checkpoint, cfg.device, {k: cfg.agent[k] for k in ACTING_SETTINGS})
     gamma = checkpoint["config"]["train"]["gamma"]
     return {n: build_actor(agent, planners[n], gamma, cfg.seed, best_of_n=1) for n in names}

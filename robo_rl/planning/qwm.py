@@ -18,7 +18,7 @@ tensor program; only the depth loop is Python):
              T = Σ_d λ^(d−1) G_d / Σ_d λ^(d−1)          (d = 1..D: λ discounts deeper estimates)
     score    S_n = w·G_0 + (1 − w)·T − β·u_n/ū      u_n: variance of a_n's K next latents (the model's
              heads disagree where it has seen no data), ū: its mean over the state's N candidates
-    select   argmax_n S_n, or n ~ softmax(S / temperature)
+    select   argmax_n S_n, or n ~ softmax(S / temperature), or n uniform (scores ignored: a control)
 
 How the values combine: with the default root weight w = ½ the score is QWM's ½(V_Q + V_r), the
 critic's value of the action and the value the world model rolls out for it. Neither term is safe
@@ -139,7 +139,9 @@ class QWMConfig:
     leaf_actions: int = 8  # N_leaf policy actions whose Q is averaged at a kept leaf
     lam: float = 0.2  # λ: the depth-d estimate G_d enters the tree value T with weight ∝ λ^(d−1)
     root_weight: float = 0.5  # w: S = w·Q(z0, a) + (1 − w)·T; 0.5 is QWM's ½(V_Q + V_r)
-    selection: str = "argmax"  # "argmax" | "softmax"
+    # "argmax" | "softmax" | "random": uniform over the eligible candidates, scores ignored. With the drift guard
+    # that is the guard alone, the control that tells its share of a search gain from the scores' share.
+    selection: str = "argmax"
     temperature: float = 1.0  # softmax temperature, in units of Q
     pessimism: float = 0.0  # κ: the actor's critic scores mean − κ·std over its heads (≥ 0)
     # β: S_n −= β·u_n/ū, u_n the world model's disagreement about a_n's next latent (variance over its K
@@ -167,8 +169,8 @@ class QWMConfig:
         for name in ("lam", "root_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)}: a mixing weight, must lie in [0, 1]")
-        if self.selection not in ("argmax", "softmax"):
-            raise ValueError(f'selection={self.selection!r}: must be "argmax" or "softmax"')
+        if self.selection not in ("argmax", "softmax", "random"):
+            raise ValueError(f'selection={self.selection!r}: must be "argmax", "softmax" or "random"')
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f'precision={self.precision!r}: must be "auto", "fp32" or "bf16"')
         if self.pessimism < 0:
@@ -285,10 +287,13 @@ class QWMPlanner:
         return (torch.stack(estimates, 1) * weights).sum(1) / weights.sum(), disagreement
 
     def _select(self, scores: Tensor, generator: torch.Generator | None) -> Tensor:
-        """scores [B, N] -> chosen index [B]."""
+        """scores [B, N] (−inf: not eligible) -> chosen index [B]."""
         if self.cfg.selection == "argmax":
             return scores.argmax(1)
-        probs = torch.softmax(scores / self.cfg.temperature, dim=1)
+        if self.cfg.selection == "random":
+            probs = torch.isfinite(scores).float()
+        else:
+            probs = torch.softmax(scores / self.cfg.temperature, dim=1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
