@@ -3,7 +3,8 @@
 Writes DIR/eval.json (success_rate and its 95% interval, per-task success, per-episode returns, lengths)
 and DIR/videos/*.mp4. `checkpoint=DIR compare=[none,best_of_n,qwm] episodes=200` compares actors of a
 trained agent on paired episodes instead: eval.json then holds `actors` (one such summary each),
-`gains` / `search_gain` (paired differences vs `none` with t intervals), and a table is printed.
+`gains` / `search_gain` (paired differences vs `none` with t intervals), and a table is printed. Actors: none
+(the policy's sample), guard (a random candidate the drift guard lets through), best_of_n (the critic's pick), qwm.
 """
 import hydra
 from hydra.core.hydra_config import HydraConfig

@@ -103,6 +103,14 @@ default runs collected through it, 200 paired episodes: Can seeds 0 / 1 QWM −0
 Where the lean is what works it costs: the few-demo Lift recipe, which clones the successes its search collects,
 trained with it ended at QWM 0.73 against 0.98 without (seed 0, 100 paired), so that recipe turns it off.
 
+What the guard leaves the scores (2026-12-06, 400 paired episodes per run, the 200 above and 200 more): on the two
+default Can runs QWM is −0.040 [−0.070, −0.010] / +0.043 [+0.017, +0.068] against the policy alone (0.880 / 0.940),
+and `selection="random"` (`compare=[...,guard]`: a random eligible candidate, no scores) says whose that is. The guard
+alone: −0.003 [−0.032, +0.027] / +0.028 [+0.000, +0.055]; what the scores add to it: −0.038 [−0.066, −0.009] /
++0.015 [−0.005, +0.035]. So at the default budget the guard carries the search's gain where there is one, and the
+critic's ranking still costs on seed 0; on these runs 16 candidates, κ = 1, w = 0 or ρ = 0.5 did not change that
+(100 paired on seed 0: QWM 0.84 / 0.87 / 0.83 / 0.78 against 0.85 with the defaults, the policy alone 0.88).
+
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
 termination head multiplies later terms by the probability that the imagined episode is still
