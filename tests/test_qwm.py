@@ -192,6 +192,28 @@ def test_random_selection_is_the_guard_alone_a_uniform_draw_among_eligible_candi
     torch.testing.assert_close(frequency, torch.full((N,), 0.25), atol=0.03, rtol=0)
 
 
+def test_support_keeps_the_pick_among_the_candidates_nearest_their_mean():
+    # myopic_q prefers the largest step; with support=0.5 only the 4 of 8 candidates nearest their mean may be
+    # picked, so the pick is the largest of those, not the outlier on the right.
+    num_envs, N = 3, 8
+    grid = torch.tensor([-1.0, -0.6, -0.3, -0.1, 0.0, 0.2, 0.4, 2.0])  # mean 0.075: nearest 0.0, 0.2, -0.1, 0.4
+
+    def fixed_candidates(z):
+        return repeat(grid, "n -> (m n) 1", m=z.shape[0] // N)
+
+    z = torch.zeros(num_envs, 2)
+    picks = {s: QWMPlanner(QWMConfig(num_actions=N, depth=0, support=s)).plan(z, fixed_candidates, myopic_q,
+                                                                               cliff_next)[0]
+             for s in (1.0, 0.5)}
+    assert (picks[1.0][:, 0] == 2.0).all() and (picks[0.5][:, 0] == 0.4).all()
+    # with the drift guard as well, both must hold: leaning right, only the central ones left of the mean remain
+    _, info = QWMPlanner(QWMConfig(num_actions=N, depth=0, support=0.5, drift_decay=0.9)).plan(
+        z, fixed_candidates, myopic_q, cliff_next, drift=torch.ones(num_envs, 1))
+    assert (info["candidates"][torch.arange(num_envs), info["index"], 0] == 0.0).all()
+    with pytest.raises(ValueError, match="support"):
+        QWMConfig(support=0.0)
+
+
 def test_planner_runs_on_the_world_model_and_names_bad_inputs():
     model = LatentWorldModel(LATENT, ACTION, num_heads=4, hidden_dim=16, reward=True)
     pi = InputSeededPolicy()

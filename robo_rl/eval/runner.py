@@ -56,9 +56,9 @@ def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[
 
     none: the policy's own sample (best_of_n=1); qwm: QWM search; best_of_n: the best of the search's N
     policy samples by the search's critic score (the qwm planner at depth 0); guard: a random one of the N
-    that the drift guard lets through, no score at all (what the guard adds by itself, so that a search gain
-    over `guard` is the scores' own). The qwm settings are the run's `planner` when planner=qwm (with any
-    planner.* overrides), else conf/planner/qwm.yaml.
+    that the drift guard (and planner.support) lets through, no score at all (what the guard adds by itself,
+    so that a search gain over `guard` is the scores' own). The qwm settings are the run's `planner` when
+    planner=qwm (with any planner.* overrides), else conf/planner/qwm.yaml.
     The checkpoint's agent acts with cfg.agent's sample_steps; the searches discount by its train.gamma.
     """
     qwm = qwm_planner_config(cfg.planner)

@@ -160,6 +160,10 @@ class QWMConfig:
     # its state's candidate mean in units of their per-dimension std; a candidate is eligible only if d·ℓ ≤ 0, so
     # the picks cannot keep leaning one way (see the module docstring). 0.9: ℓ remembers ~10 decisions.
     drift_decay: float | None = None
+    # The share of the N candidates, those nearest their mean (in per-dimension std units), the search may pick: a
+    # trust region on the policy's support, where the critic has seen actions like them. 1: all (see the module
+    # docstring for what 0.5 did).
+    support: float = 1.0
     # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 on CPUs that do it natively (AMX
     # tiles or AVX512-BF16), fp32 elsewhere (emulated bf16 is slower than fp32) and on CUDA (see auto_bf16).
     precision: str = "auto"
@@ -185,6 +189,8 @@ class QWMConfig:
             raise ValueError(f"pessimism={self.pessimism}: must be >= 0")
         if self.uncertainty < 0:
             raise ValueError(f"uncertainty={self.uncertainty}: must be >= 0")
+        if not 0.0 < self.support <= 1.0:
+            raise ValueError(f"support={self.support}: the share of candidates the search may pick, must lie in (0, 1]")
         if self.drift_decay is not None and not 0.0 <= self.drift_decay < 1.0:
             raise ValueError(f"drift_decay={self.drift_decay}: a decay, must lie in [0, 1) (null: no drift guard)")
         if self.temperature <= 0:
@@ -247,14 +253,18 @@ class QWMPlanner:
             info["scores"] = (cfg.root_weight * info["q"] + (1.0 - cfg.root_weight) * tree_value
                               - cfg.uncertainty * relative)
             info |= {"tree_value": tree_value, "disagreement": disagreement}
-        if cfg.drift_decay is None:
-            info["index"] = self._select(info["scores"], generator)
-        else:
-            deviation = candidate_deviation(info["candidates"])
+        eligible = torch.ones_like(info["scores"], dtype=torch.bool)
+        deviation = candidate_deviation(info["candidates"])
+        if cfg.support < 1.0:  # the round(support·N) candidates nearest the mean
+            spread = deviation.square().sum(-1)  # [B, N]
+            k = max(1, round(cfg.support * cfg.num_actions))
+            eligible = spread <= spread.kthvalue(k, dim=1, keepdim=True).values
+        if cfg.drift_decay is not None:
             drift = torch.zeros_like(deviation[:, 0]) if drift is None else drift.to(deviation)
-            eligible = torch.einsum("bna,ba->bn", deviation, drift) <= 0
-            eligible |= ~eligible.any(1, keepdim=True)  # where no candidate leans back, all are eligible
-            info["index"] = self._select(info["scores"].masked_fill(~eligible, -torch.inf), generator)
+            eligible &= torch.einsum("bna,ba->bn", deviation, drift) <= 0
+        eligible |= ~eligible.any(1, keepdim=True)  # where no candidate is eligible, all are
+        info["index"] = self._select(info["scores"].masked_fill(~eligible, -torch.inf), generator)
+        if cfg.drift_decay is not None:
             info["drift"] = cfg.drift_decay * drift + deviation[rows, info["index"]]
         return info["candidates"][rows, info["index"]], info
 
