@@ -111,6 +111,16 @@ alone: −0.003 [−0.032, +0.027] / +0.028 [+0.000, +0.055]; what the scores ad
 critic's ranking still costs on seed 0; on these runs 16 candidates, κ = 1, w = 0 or ρ = 0.5 did not change that
 (100 paired on seed 0: QWM 0.84 / 0.87 / 0.83 / 0.78 against 0.85 with the defaults, the policy alone 0.88).
 
+Where the scores cost, they cost at the edge of the candidate cloud: an argmax of a critic that cannot resolve its
+candidates favours the outliers, where it extrapolates. `support` keeps the pick among the share of candidates
+nearest their mean (per-dimension std units), a trust region on the policy's support (V-GPS and SAILOR keep their
+choices near the base policy too). At evaluation of the same two runs (they were collected with support 1), 400
+paired episodes each, support 0.5: seed 0 QWM 0.878 (−0.003 [−0.029, +0.024] against the policy; +0.037 [+0.015,
++0.060] over support 1), seed 1 0.990 (+0.050 [+0.024, +0.076]; +0.007 [−0.007, +0.022] over support 1). Among
+the central half the scores do help on seed 0 (+0.040 [+0.006, +0.074] over a random central candidate, 200); on
+seed 1 nothing is left to split (+0.005). Not the default: not measured in training, where it also shapes the
+episodes collected, nor on Lift, Square or the recipes.
+
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
 termination head multiplies later terms by the probability that the imagined episode is still
