@@ -273,7 +273,7 @@ class QWMPlanner:
             drift = torch.zeros_like(deviation[:, 0]) if drift is None else drift.to(deviation)
             eligible &= torch.einsum("bna,ba->bn", deviation, drift) <= 0
         eligible |= ~eligible.any(1, keepdim=True)  # where no candidate is eligible, all are
-        info["index"] = self._select(info["scores"].masked_fill(~eligible, -torch.inf), generator)
+        info["index"] = self._select(info["scores"], eligible, generator)
         if cfg.drift_decay is not None:
             info["drift"] = cfg.drift_decay * drift + deviation[rows, info["index"]]
         return info["candidates"][rows, info["index"]], info
@@ -314,13 +314,14 @@ class QWMPlanner:
         weights = cfg.lam ** torch.arange(cfg.depth, dtype=z0.dtype, device=z0.device)
         return (torch.stack(estimates, 1) * weights).sum(1) / weights.sum(), disagreement
 
-    def _select(self, scores: Tensor, generator: torch.Generator | None) -> Tensor:
-        """scores [B, N] (−inf: not eligible) -> chosen index [B]."""
-        if self.cfg.selection == "argmax":
-            return scores.argmax(1)
-        if self.cfg.selection == "random":
-            probs = torch.isfinite(scores).float()
+    def _select(self, scores: Tensor, eligible: Tensor, generator: torch.Generator | None) -> Tensor:
+        """scores [B, N], eligible [B, N] (at least one per row) -> chosen index [B], an eligible one."""
+        if self.cfg.selection == "random":  # the eligibility rules alone decide: the scores play no part
+            probs = eligible.float()
         else:
+            scores = scores.masked_fill(~eligible, -torch.inf)
+            if self.cfg.selection == "argmax":
+                return scores.argmax(1)
             probs = torch.softmax(scores / self.cfg.temperature, dim=1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
