@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 
 from robo_rl.demos.experts import LiberoObjectExpert
 from robo_rl.envs import env_spec
-from robo_rl.envs.libero import OBJECT_FEATURES, OBJECT_SLOTS
+from robo_rl.envs.libero import OBJECT_OBS_DIM, split_object_obs
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import VecEnv
 from robo_rl.eval.rollout import evaluate_actors
@@ -28,9 +28,10 @@ def test_state_variant_observes_object_poses_and_proprio():
         obs = env.reset(options=[{"task_id": 6, "init_state_id": 0}])  # "pick up the butter ..."
         libero = env.workers[0].runner.env._robosuite_env
         shapes = {k: tuple(v.shape[1:]) for k, v in obs.items()}
-        assert shapes == {"object": (OBJECT_SLOTS * OBJECT_FEATURES,), "joint_states": (7,), "gripper_states": (2,),
-                          "ee_states": (6,), "task_id": ()}
-        slots = obs["object"][0].numpy().reshape(OBJECT_SLOTS, OBJECT_FEATURES)
+        assert shapes == {"object": (OBJECT_OBS_DIM,), "joint_states": (7,), "gripper_states": (2,), "ee_states": (6,),
+                          "task_id": ()}
+        objects, regions, joints = split_object_obs(obs["object"].numpy())
+        slots = objects[0]
         eef = obs["ee_states"][0, :3].numpy()
         for slot, name in zip(slots, ["butter_1", "basket_1"]):  # the BDDL's objects of interest, in order
             body = libero.obj_body_id[name]
@@ -38,6 +39,10 @@ def test_state_variant_observes_object_poses_and_proprio():
             np.testing.assert_allclose(slot[3:7], libero.sim.data.body_xquat[body][[1, 2, 3, 0]], atol=1e-6)
             np.testing.assert_allclose(slot[7:], slot[:3] - eef, atol=1e-6)
         assert not slots[2:].any()  # unused slots stay zero
+        # The goal's region (In butter_1 basket_1_contain_region); no articulated part.
+        basket = libero.sim.data.get_site_xpos("basket_1_contain_region")
+        np.testing.assert_allclose(regions[0, 0], np.concatenate([basket, basket - eef]), atol=1e-6)
+        assert not regions[0, 1:].any() and not joints.any()
 
 
 @pytest.mark.slow  # 100 s on the shared 2 cores (load 11), most of it waiting for a core

@@ -8,6 +8,7 @@ settle for SETTLE_STEPS no-op steps before the episode's first observation; they
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,12 +22,63 @@ from robo_rl.utils.rendering import configure_mujoco
 # fall, with the arm still and the gripper open; the step limit (task.horizon) counts only the steps after.
 SETTLE_STEPS = 10
 NOOP_ACTION = np.array([0.0] * 6 + [-1.0])  # OSC_POSE: no translation or rotation, gripper open (-1)
-# `object`, the state observation's object poses (env=state): the task's objects of interest (its BDDL
-# `:obj_of_interest`, in that order; LIBERO-Object: the item, then the basket), each as robomimic's `object`
-# key holds one: position [3], quaternion xyzw [4], position relative to the hand [3]. Zero-padded to the most
-# objects any LIBERO task names (4, LIBERO-10), so that every task of a suite has one observation shape.
+# `object`, the state observation (env=state): one fixed layout for every LIBERO task, zero where a task has
+# fewer entries. Parts, in order:
+#   objects: the task's objects of interest (its BDDL `:obj_of_interest`, in that order; LIBERO-Object: the item,
+#     then the basket), OBJECT_FEATURES each, as robomimic's `object` key holds one: position [3], quaternion
+#     xyzw [4], position relative to the hand [3]; OBJECT_SLOTS of them, the most any LIBERO task names (4,
+#     LIBERO-10);
+#   regions: the regions the goal names (BDDL `:goal` arguments that are regions, e.g. `basket_1_contain_region`,
+#     `flat_stove_1_cook_region`, `white_cabinet_1_bottom_region`, `living_room_table_plate_right_region`, in the
+#     goal's order), REGION_FEATURES each: the site's position [3], its position relative to the hand [3]; a
+#     region on a moving part (a drawer) moves with it. REGION_SLOTS of them (LIBERO-90 names up to 2);
+#   joints: the position (rad or m) of the articulated part each unary goal predicate (`Turnon`, `Close`, `Open`,
+#     `Turnoff`) names, in the goal's order: the stove's knob, a drawer's slide, the microwave door's hinge.
+#     JOINT_SLOTS of them (LIBERO-90 names up to 2).
 OBJECT_SLOTS = 4
 OBJECT_FEATURES = 10
+REGION_SLOTS = 2
+REGION_FEATURES = 6
+JOINT_SLOTS = 2
+REGIONS_START = OBJECT_SLOTS * OBJECT_FEATURES          # where the regions begin in `object`
+JOINTS_START = REGIONS_START + REGION_SLOTS * REGION_FEATURES
+OBJECT_OBS_DIM = JOINTS_START + JOINT_SLOTS              # 54
+UNARY_PREDICATES = ("turnon", "turnoff", "open", "close")  # the goal predicates of one articulated part
+
+
+@dataclass(frozen=True)
+class GoalLayout:
+    """The names behind each part of the `object` observation, from a task's parsed BDDL problem."""
+
+    objects: tuple[str, ...]      # objects of interest, one per object slot
+    regions: tuple[str, ...]      # goal regions, one per region slot
+    articulated: tuple[str, ...]  # the object or region of each unary goal predicate, one per joint slot
+
+    @classmethod
+    def of(cls, problem: dict) -> GoalLayout:
+        """From LIBERO's parsed problem (`robosuite_parse_problem`: `obj_of_interest`, `regions`, `goal_state`,
+        a list of [predicate, *arguments])."""
+        regions = []
+        for _, *arguments in problem["goal_state"]:
+            regions += [a for a in arguments if a in problem["regions"] and a not in regions]
+        articulated = tuple(arguments[0] for predicate, *arguments in problem["goal_state"]
+                            if predicate in UNARY_PREDICATES)
+        layout = cls(tuple(problem["obj_of_interest"]), tuple(regions), articulated)
+        for part, names, slots in (("objects", layout.objects, OBJECT_SLOTS), ("regions", layout.regions, REGION_SLOTS),
+                                   ("joints", layout.articulated, JOINT_SLOTS)):
+            if len(names) > slots:
+                raise ValueError(f"LIBERO problem {problem['problem_name']} names {len(names)} {part} ({names}); the "
+                                 f"`object` observation holds {slots}: raise its {part} slots")
+        return layout
+
+
+def split_object_obs(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts of `object` observations [B, OBJECT_OBS_DIM]: objects [B, OBJECT_SLOTS, OBJECT_FEATURES],
+    regions [B, REGION_SLOTS, REGION_FEATURES], joints [B, JOINT_SLOTS]."""
+    batch = obs.shape[0]
+    return (obs[:, :REGIONS_START].reshape(batch, OBJECT_SLOTS, OBJECT_FEATURES),
+            obs[:, REGIONS_START:JOINTS_START].reshape(batch, REGION_SLOTS, REGION_FEATURES),
+            obs[:, JOINTS_START:OBJECT_OBS_DIM])
 
 
 def load_suite(name: str):
@@ -58,6 +110,17 @@ def task_of_instruction(instructions: list[str], instruction: str | None) -> int
     return normalized.index(instruction.strip().lower())
 
 
+def task_problem(suite_name: str, task_id: int) -> dict:
+    """LIBERO's parsed BDDL problem of a task (objects, regions, `obj_of_interest`, `goal_state`), read from its
+    file without building the scene."""
+    suite = load_suite(suite_name)
+    from libero.libero import get_libero_path
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
+
+    task = suite.get_task(task_id)
+    return robosuite_parse_problem(os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file))
+
+
 def _pose_xyzw(env, name: str) -> tuple[np.ndarray, np.ndarray]:
     """World position [3] and quaternion xyzw [4] of a LIBERO object or fixture (a body) or region (a site)."""
     data = env.sim.data
@@ -67,6 +130,18 @@ def _pose_xyzw(env, name: str) -> tuple[np.ndarray, np.ndarray]:
     from robosuite.utils.transform_utils import mat2quat
 
     return data.get_site_xpos(name), mat2quat(data.get_site_xmat(name))
+
+
+def _articulation_joint(env, name: str) -> str:
+    """The joint a unary goal predicate on `name` reads: a region's own joint (a drawer's slide), else the object's
+    first joint that is not a free joint (the stove's knob, the microwave door's hinge)."""
+    site = env.object_sites_dict.get(name)
+    joints = site.joints if site is not None else env.get_object(name).joints
+    model = env.sim.model
+    hinged = [j for j in joints if model.jnt_type[model.joint_name2id(j)] != 0]  # 0: mjJNT_FREE
+    if not hinged:
+        raise ValueError(f"LIBERO {name!r} has no articulated joint (joints: {joints})")
+    return hinged[0]
 
 
 def _quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
@@ -110,6 +185,10 @@ class LiberoEnv(SimEnv):
         self.task_id = task_id
         self.instruction = task.language
         self.init_states = self.suite.get_task_init_states(task_id)  # [50, state_dim]
+        env = self._robosuite_env
+        self.layout = GoalLayout.of(env.parsed_problem)
+        self._joint_addresses = [env.sim.model.get_joint_qpos_addr(_articulation_joint(env, name))
+                                 for name in self.layout.articulated]
 
     def _obs(self, raw: dict) -> dict[str, np.ndarray]:
         eef_pos = raw["robot0_eef_pos"].astype(np.float32)
@@ -130,17 +209,19 @@ class LiberoEnv(SimEnv):
         return obs
 
     def _objects_of_interest(self, eef_pos: np.ndarray) -> np.ndarray:
-        """The `object` observation [OBJECT_SLOTS * OBJECT_FEATURES] (see OBJECT_SLOTS)."""
+        """The `object` observation [OBJECT_OBS_DIM] (see OBJECT_SLOTS)."""
         env = self._robosuite_env
-        names = env.obj_of_interest
-        if len(names) > OBJECT_SLOTS:
-            raise ValueError(f"LIBERO task {self.task_id} of {self.spec.env_name} names {len(names)} objects of "
-                             f"interest ({names}); the `object` observation holds {OBJECT_SLOTS}: raise OBJECT_SLOTS")
-        features = np.zeros((OBJECT_SLOTS, OBJECT_FEATURES), dtype=np.float32)
-        for slot, name in enumerate(names):
+        objects = np.zeros((OBJECT_SLOTS, OBJECT_FEATURES), dtype=np.float32)
+        for slot, name in enumerate(self.layout.objects):
             pos, quat = _pose_xyzw(env, name)
-            features[slot] = np.concatenate([pos, quat, pos - eef_pos])
-        return features.reshape(-1)
+            objects[slot] = np.concatenate([pos, quat, pos - eef_pos])
+        regions = np.zeros((REGION_SLOTS, REGION_FEATURES), dtype=np.float32)
+        for slot, name in enumerate(self.layout.regions):
+            pos = env.sim.data.get_site_xpos(name)
+            regions[slot] = np.concatenate([pos, pos - eef_pos])
+        joints = np.zeros(JOINT_SLOTS, dtype=np.float32)
+        joints[:len(self._joint_addresses)] = env.sim.data.qpos[self._joint_addresses]
+        return np.concatenate([objects.reshape(-1), regions.reshape(-1), joints])
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> dict[str, np.ndarray]:
         options = options or {}
