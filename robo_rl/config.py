@@ -143,11 +143,17 @@ class LearnerConfig:  # the `train:` group of config.yaml
     gamma: float
     nstep: int
     demo_resets: float
+    overlap: bool
     reward_shaping: bool
 
     def __post_init__(self):
         _fractions(self, "offline_ratio", "gamma", "demo_resets")
         _at_least(self, 1, "nstep")
+
+
+def _check_threads(threads: int | str) -> None:
+    if threads != "auto" and threads < 1:
+        raise ValueError(f"threads={threads}: must be >= 1, or auto (robo_rl/utils/threads.py)")
 
 
 def _check_device(device: str) -> None:
@@ -187,9 +193,11 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
     train: LearnerConfig
     explore: Literal["none", "param_noise"]
     param_noise_std: float
+    threads: int | Literal["auto"]  # torch intra-op threads (robo_rl/utils/threads.py)
 
     def __post_init__(self):
         _check_device(self.device)
+        _check_threads(self.threads)
         _check_modality(self.env, self.task)
         _at_least(self, 0, "param_noise_std")
         if self.planner.name == "qwm" and not self.agent.world_model.enabled:
@@ -231,12 +239,13 @@ class EvaluateConfig:  # conf/evaluate.yaml
     seed: int
     device: str
     compile: bool
-    threads: int
+    threads: int | Literal["auto"]
 
     def __post_init__(self):
         _check_device(self.device)
+        _check_threads(self.threads)
         _check_modality(self.env, self.task)
-        _at_least(self, 1, "episodes", "episodes_per_task", "threads")
+        _at_least(self, 1, "episodes", "episodes_per_task")
         _at_least(self, 0, "videos")
 
 

@@ -10,6 +10,10 @@ success rate is printed and stored as the attr `expert_success_rate` of the file
 import hydra
 from omegaconf import DictConfig
 
+from robo_rl.utils.threads import prepare_openmp
+
+prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
+
 
 @hydra.main(config_path="../conf", config_name="collect_demos", version_base=None)
 def main(cfg: DictConfig) -> None:

@@ -9,6 +9,10 @@ the source demos; robo_rl/demos/generate.py says how paths are moved.
 import hydra
 from omegaconf import DictConfig
 
+from robo_rl.utils.threads import prepare_openmp
+
+prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
+
 
 @hydra.main(config_path="../conf", config_name="generate_demos", version_base=None)
 def main(cfg: DictConfig) -> None:

@@ -8,6 +8,10 @@ policy alone (does search help more as the run goes on?).
 import hydra
 from omegaconf import DictConfig
 
+from robo_rl.utils.threads import prepare_openmp
+
+prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
+
 
 @hydra.main(config_path="../conf", config_name="plot_evals", version_base=None)
 def main(cfg: DictConfig) -> None:

@@ -7,6 +7,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from robo_rl.utils.threads import prepare_openmp
+
+prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
+
 
 @hydra.main(config_path="../conf", config_name="pretrain_offline", version_base=None)
 def main(cfg: DictConfig) -> None:

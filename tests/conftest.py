@@ -1,7 +1,11 @@
 import os
 
-import pytest
-import torch
+from robo_rl.utils.threads import prepare_openmp
+
+prepare_openmp()  # before torch loads, as the scripts do; the scripts the tests start inherit it
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 torch.set_num_threads(1)  # tests run on 2 cores next to env worker processes

@@ -23,11 +23,11 @@ import time
 import uuid
 
 import ray
-import torch
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import EnvRunner, VecEnv, WorkerDied
+from robo_rl.utils.threads import apply_thread_policy
 
 # A runner being restarted answers with one of these until its constructor has run again.
 _DOWN = (RayActorError, ActorUnavailableError)
@@ -50,7 +50,7 @@ class EnvRunnerGroup:
     """Ray actor body: the EnvRunners of global env indices `env_ids` (of a VecEnv of `num_envs`)."""
 
     def __init__(self, spec: EnvSpec, env_ids: list[int], num_envs: int):
-        torch.set_num_threads(1)  # one actor per CPU it reserves; intra-op threads would oversubscribe
+        apply_thread_policy(1)  # one actor per CPU it reserves; intra-op threads would oversubscribe
         self.incarnation = uuid.uuid4().hex
         self.runners = {i: EnvRunner(spec, i, num_envs) for i in env_ids}
 
@@ -136,14 +136,18 @@ class RayVecEnv(VecEnv):
     def _answer(ref: ray.ObjectRef, timeout: float) -> tuple[str, list]:
         return pickle.loads(ray.get(ref, timeout=timeout))
 
-    def _gather(self, env_ids, cmd: str, args_of, timeout: float) -> list:
-        """`cmd` on every env of env_ids, one call per runner, all runners at once. The envs of a runner
-        that died answer None (for step) once Ray has restarted it and new episodes began in all its envs
-        (all of them in `self._lost`, the next StepResult reports them)."""
-        env_ids = list(env_ids)
+    def _begin(self, env_ids: list[int], cmd: str, args_of, inline: bool) -> dict[int, tuple[list[int], ray.ObjectRef]]:
+        """`cmd` sent to every env of env_ids, one call per runner, all runners at once (no env runs in this
+        process, whatever `inline` says); returns {runner: (its envs, the answer's ref)} for `_finish`."""
         groups = {r: [i for i in env_ids if i in ids] for r, ids in enumerate(self.env_ids)}
-        groups = {r: ids for r, ids in groups.items() if ids}
-        refs = {r: self._run(r, cmd, [(i, args_of(i)) for i in ids]) for r, ids in groups.items()}
+        return {r: (ids, self._run(r, cmd, [(i, args_of(i)) for i in ids])) for r, ids in groups.items() if ids}
+
+    def _finish(self, env_ids: list[int], cmd: str, args_of, started: dict, timeout: float) -> list:
+        """The answers of env_ids to the `cmd` that `_begin` sent. The envs of a runner that died answer None
+        (for step) once Ray has restarted it and new episodes began in all its envs (all of them in
+        `self._lost`, the next StepResult reports them)."""
+        groups = {r: ids for r, (ids, _) in started.items()}
+        refs = {r: ref for r, (_, ref) in started.items()}
         deadline = time.monotonic() + timeout
         try:  # one wait for all runners (one ray.get per runner cost the driver ~0.1 ms more per step)
             answers = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout)))

@@ -30,6 +30,7 @@ import torch
 
 from robo_rl.core import ACTION_DIM, Obs
 from robo_rl.envs.spec import EnvSpec
+from robo_rl.utils.threads import apply_thread_policy
 
 
 @dataclass
@@ -111,7 +112,7 @@ class EnvRunner:
 
 def _worker_main(conn: Connection, spec: EnvSpec, index: int, num_envs: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
-    torch.set_num_threads(1)
+    apply_thread_policy(1)  # one process per env: the cores are shared out by processes, not threads
     try:
         runner = EnvRunner(spec, index, num_envs)
         conn.send(("ok", None))
@@ -245,6 +246,7 @@ class VecEnv:
         # Envs whose episode a worker restart ended, until `step` reports them (or `reset_envs` restarts them)
         self._lost: set[int] = set()
         self.workers = self._start_workers()
+        self._pending = None  # step_async's envs, their actions and the workers found dead, until step_wait
         self._obs: list[dict] = []
         self._seeds: list[int | None] = [None] * num_envs
 
@@ -312,16 +314,33 @@ class VecEnv:
     def step(self, actions: torch.Tensor | np.ndarray, active: np.ndarray | None = None) -> StepResult:
         """actions [B, A] in [-1, 1]. Envs with `active[i] == False` are not stepped (reward 0, no flags
         unless their episode was lost)."""
+        self.step_async(actions, active)
+        return self.step_wait()
+
+    def step_async(self, actions: torch.Tensor | np.ndarray, active: np.ndarray | None = None) -> None:
+        """Start `step(actions, active)`: the worker processes step while the caller works on; `step_wait`
+        steps the in-process envs and returns the StepResult. Nothing else may be called in between."""
+        if self._pending is not None:
+            raise RuntimeError("step_async called twice without step_wait")
         actions = np.asarray(actions.detach().cpu() if torch.is_tensor(actions) else actions, dtype=np.float64)
         if actions.shape != (self.num_envs, self.action_dim):
             raise ValueError(f"actions must have shape {(self.num_envs, self.action_dim)}, got {actions.shape}")
         # An env whose episode was lost since the last step is not stepped: the action was meant for the old one
         ids = [i for i in range(self.num_envs) if (active is None or active[i]) and i not in self._lost]
         check_finite_actions(actions[ids], ids)
+        args_of = lambda i: (actions[i], self.autoreset)  # noqa: E731
+        self._pending = (ids, args_of, self._begin(ids, "step", args_of, inline=False))
+
+    def step_wait(self) -> StepResult:
+        """The StepResult of the `step_async` call before."""
+        if self._pending is None:
+            raise RuntimeError("step_wait called without step_async")
+        ids, args_of, started = self._pending
+        self._pending = None
         reward = np.zeros(self.num_envs, np.float32)
         terminated, truncated, success, lost = (np.zeros(self.num_envs, bool) for _ in range(4))
         next_obs = list(self._obs)
-        for i, out in zip(ids, self._gather(ids, "step", lambda i: (actions[i], self.autoreset), self.step_timeout)):
+        for i, out in zip(ids, self._finish(ids, "step", args_of, started, self.step_timeout)):
             if out is None:  # its worker died and was replaced: in self._lost, reported below
                 continue
             obs, reward[i], terminated[i], truncated[i], success[i], final = out
@@ -351,13 +370,25 @@ class VecEnv:
         """Send `cmd` to each env in env_ids, then collect answers. A dead worker answers None
         (for step) after it has been replaced and its env reset."""
         env_ids = list(env_ids)
+        return self._finish(env_ids, cmd, args_of, self._begin(env_ids, cmd, args_of, inline=False), timeout)
+
+    def _begin(self, env_ids: list[int], cmd: str, args_of, inline: bool) -> dict[int, str]:
+        """Send `cmd` to the worker processes of env_ids (and to the in-process envs too when `inline`, which
+        execute it at once); returns {env: why} for the workers found dead."""
         failed: dict[int, str] = {}
-        # an in-process env executes on send, so it goes last: the worker processes run meanwhile
-        for i in sorted(env_ids, key=lambda i: isinstance(self.workers[i], _InlineWorker)):
-            try:
-                self.workers[i].send(cmd, *args_of(i))
-            except WorkerDied as e:
-                failed[i] = str(e)
+        for i in env_ids:
+            if inline or not isinstance(self.workers[i], _InlineWorker):
+                try:
+                    self.workers[i].send(cmd, *args_of(i))
+                except WorkerDied as e:
+                    failed[i] = str(e)
+        return failed
+
+    def _finish(self, env_ids: list[int], cmd: str, args_of, failed: dict[int, str], timeout: float) -> list:
+        """The answers of env_ids to a `cmd` that `_begin` sent to the worker processes: the in-process envs
+        execute it now (after the workers were sent theirs, so the workers run meanwhile)."""
+        inline = [i for i in env_ids if isinstance(self.workers[i], _InlineWorker)]
+        failed = failed | self._begin(inline, cmd, args_of, inline=True)
         results = []
         for i in env_ids:
             if i not in failed:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.agents.sorl import check_execute_steps
@@ -28,6 +27,7 @@ from robo_rl.eval.policies import RandomPolicy
 from robo_rl.eval.rollout import Policy, eval_seed, evaluate, evaluate_actors
 from robo_rl.utils.logging import write_json
 from robo_rl.utils.schema import ConfigError
+from robo_rl.utils.threads import apply_thread_policy, describe
 
 PLANNER_CONF = Path(__file__).resolve().parents[2] / "conf" / "planner"
 
@@ -79,7 +79,8 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     """Evaluate as cfg says and write run_dir/eval.json; `overrides`: the command line's key=value overrides."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.threads)
+    threads = apply_thread_policy(cfg.threads)
+    print(describe(threads), flush=True)
     checkpoint = None
     if cfg.get("checkpoint"):
         checkpoint = load_checkpoint(cfg.checkpoint, cfg.device)
@@ -101,7 +102,7 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
                               **settings)
     finally:
         env.close()
-    result["task"] = cfg.task.name
+    result["task"], result["threads"] = cfg.task.name, threads
     if checkpoint is not None:  # where in its run the evaluated agent is (scripts/plot_evals.py orders by it)
         result.update(env_steps=checkpoint["env_steps"], offline_step=checkpoint["offline_step"])
     if libero:

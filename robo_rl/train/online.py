@@ -22,6 +22,7 @@ from robo_rl.train.sources import demo_starts
 from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
+from robo_rl.utils.timing import SectionTimer
 
 
 class OnlineTrainer(Trainer):
@@ -68,11 +69,23 @@ class OnlineTrainer(Trainer):
         next_eval = _next_multiple(start, budget.eval_every) if budget.eval_every else None
         bar = tqdm(total=budget.online_steps, initial=start, desc="online", unit="step", dynamic_ncols=True,
                    disable=not self.main)
+        timer = SectionTimer(("act", "env", "buffer", "update"))  # the loop's split, logged as rollout/seconds_*
         while progress.env_steps < budget.online_steps:
-            actions = actor.act(obs)
-            result = env.step(actions)
-            self.buffer.add(obs, actions, result.reward, result.terminated, result.truncated, result.next_obs,
-                            result.lost)
+            with timer("act"):
+                actions = actor.act(obs)
+            if cfg.train.overlap:  # the envs step while the learner updates on the transitions before this one
+                with timer("env"):
+                    env.step_async(actions)
+                with timer("update"):
+                    metrics = self._updates(updates_per_iter) or metrics
+                with timer("env"):
+                    result = env.step_wait()
+            else:
+                with timer("env"):
+                    result = env.step(actions)
+            with timer("buffer"):
+                self.buffer.add(obs, actions, result.reward, result.terminated, result.truncated, result.next_obs,
+                                result.lost)
             obs = result.obs
             progress.env_steps += B
             steps = progress.env_steps
@@ -91,14 +104,16 @@ class OnlineTrainer(Trainer):
             if actor.param_noise_std > 0 and done.any():
                 actor.resample_noise(sorted({int(i) % actor.num_groups for i in np.flatnonzero(done)}))
 
-            for _ in range(updates_per_iter if self.can_update() else 0):
-                metrics = self.update()
+            if not cfg.train.overlap:
+                with timer("update"):
+                    metrics = self._updates(updates_per_iter) or metrics
 
             if steps >= next_log or steps >= budget.online_steps:
                 next_log = _next_multiple(steps, budget.log_every)
                 stats = _episode_stats(recent)
                 stats["steps_per_s"] = (steps - start) / (time.time() - t0)
                 stats["worker_restarts"] = getattr(env, "num_restarts", 0)
+                stats |= {f"seconds_{k}": v for k, v in timer.split().items()}
                 stats |= {f"demo_start_{k}": v for k, v in _episode_stats(recent_demo).items()}
                 self.logger.log({**{f"online/{k}": v for k, v in metrics.items()},
                                  **{f"rollout/{k}": v for k, v in stats.items()}, "env_steps": steps}, progress.step)
@@ -112,6 +127,13 @@ class OnlineTrainer(Trainer):
                 next_ckpt = _next_multiple(steps, budget.checkpoint_every)
                 self.save()
         bar.close()
+
+    def _updates(self, n: int) -> dict[str, float]:
+        """`n` gradient steps (none while the buffer holds nothing to learn from); the last one's metrics."""
+        metrics = {}
+        for _ in range(n if self.can_update() else 0):
+            metrics = self.update()
+        return metrics
 
     def _start_some_from_demos(self, env_ids, obs: dict) -> dict:
         """Restart each of `env_ids` (episodes that just began at the env's reset) at a random demo state

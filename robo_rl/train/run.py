@@ -16,6 +16,7 @@ checkpoints, evaluations and the run's metrics.jsonl (rank r logs its own under 
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
 from robo_rl.utils.schema import ConfigError
 from robo_rl.utils.seeding import seed_everything
+from robo_rl.utils.threads import apply_thread_policy, describe
 
 INSTRUCTION_CACHE = "instruction_embeddings.json"
 
@@ -46,6 +48,10 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
     other than 0)."""
     started = time.time()
     rank, world = distributed.init_from_env(cfg.device)
+    # torchrun's ranks on one machine share its cores
+    threads = apply_thread_policy(cfg.threads, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if rank == 0:
+        print(describe(threads), flush=True)
     run_dir = Path(distributed.broadcast_object(str(run_dir)))  # Hydra's timestamped dir may differ by rank
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(distributed.rank_seed(cfg.seed))
@@ -84,6 +90,7 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
         logger = RunLogger(run_dir if rank == 0 else run_dir / f"rank{rank}",
                            cfg if rank == 0 else OmegaConf.merge(cfg, {"logger": {"mode": "disabled"}}),
                            name=f"{cfg.task.name}-{run_dir.name}", resume_step=-1 if state is None else progress.step)
+        logger.log({f"threads/{k}": v for k, v in threads.items()}, progress.step)  # what this process computes with
         best_of_n = cfg.agent.best_of_n
         curve = LearningCurve(run_dir, resume_env_steps=None if state is None else progress.env_steps,
                               resume_offline_step=progress.offline_step,
@@ -101,7 +108,7 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
     if rank:
         logger.close()
         return {}
-    result = _final_evaluation(trainer, online, started)
+    result = _final_evaluation(trainer, online, started, threads)
     if online:
         curve.add(progress.env_steps, result["success_rate"], result.get("success_rate_no_search"))
         trainer.keep_evaluated()
@@ -150,9 +157,10 @@ def build_buffer(cfg: DictConfig, shapes: dict, demos: Demos) -> ReplayBuffer:
     return buffer
 
 
-def _final_evaluation(trainer: Trainer, online: bool, started: float) -> dict:
+def _final_evaluation(trainer: Trainer, online: bool, started: float, threads: dict) -> dict:
     """One pass of paired episodes with search (when on) and without, written as eval.json: the acting
-    actor's summary at the top level, both under `actors`, the paired search gain, the run's budgets."""
+    actor's summary at the top level, both under `actors`, the paired search gain, the run's budgets and the
+    threads it computed with."""
     cfg = trainer.cfg
     final = trainer.eval("final", videos=2)
     result: dict = {}
@@ -166,6 +174,7 @@ def _final_evaluation(trainer: Trainer, online: bool, started: float) -> dict:
               "worker_restarts": final["worker_restarts"],
               "planner": cfg.planner.name,
               "offline_steps": cfg.budget.offline_steps, "online_env_steps": cfg.budget.online_steps if online else 0,
-              "num_online_transitions": trainer.buffer.num_online, "train_wall_s": time.time() - started}
+              "num_online_transitions": trainer.buffer.num_online, "train_wall_s": time.time() - started,
+              "threads": threads}
     write_json(trainer.run_dir / "eval.json", result)
     return result

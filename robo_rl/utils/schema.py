@@ -1,7 +1,7 @@
 """Typed settings from plain dicts: a dataclass is the schema of a config node.
 
 `from_dict(SORLConfig, {...}, "agent")` checks every value against the dataclass's annotations (`Literal`
-for a fixed set of choices, `X | None`, tuples, nested dataclasses), rejects unknown keys (naming the
+for a fixed set of choices, `X | None` and other unions, tuples, nested dataclasses), rejects unknown keys (naming the
 closest known one), fills missing keys from the field defaults, and runs the dataclass's own range
 checks (`__post_init__` raising ValueError with a message that starts with the field's name). Every
 failure is a ConfigError whose message names the dotted key. `robo_rl/config.py` validates whole script
@@ -50,9 +50,17 @@ def _value(value: Any, hint: Any, key: str) -> Any:
         if value not in args:
             raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, args))}")
         return value
-    if origin in (typing.Union, types.UnionType):  # only `X | None` occurs
-        (inner,) = [a for a in args if a is not type(None)]
-        return None if value is None else _value(value, inner, key)
+    if origin in (typing.Union, types.UnionType):  # `X | None`, or alternatives such as `int | Literal["auto"]`
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        errors = []
+        for alternative in inner:
+            try:
+                return _value(value, alternative, key)
+            except ConfigError as e:
+                errors.append(str(e).removeprefix(f"{key}={value!r}: "))
+        raise ConfigError(f"{key}={value!r}: " + " or ".join(errors))
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{key}={value!r}: expected a list, e.g. {key}=[...]")

@@ -94,6 +94,7 @@ class WarpVecEnv:
         entropy = np.random.SeedSequence().generate_state(num_envs)
         self._rngs = [np.random.RandomState(int(s)) for s in entropy]
         self._obs: Obs | None = None
+        self._pending = None  # step_async's arguments until step_wait
         self._graph = None
         if self.wp_device.is_cuda:
             self._graph = self._capture_control_step()
@@ -138,6 +139,18 @@ class WarpVecEnv:
         else:
             self._obs = self._merge(self._obs, fresh, self._mask(env_ids))
         return self._obs
+
+    def step_async(self, actions: torch.Tensor | np.ndarray, active: np.ndarray | None = None) -> None:
+        """VecEnv's interface for stepping while the caller works on; the worlds step in `step_wait` (a step
+        holds the caller's thread either way: it launches the kernels)."""
+        self._pending = (actions, active)
+
+    def step_wait(self) -> StepResult:
+        """The StepResult of the `step_async` call before."""
+        if self._pending is None:
+            raise RuntimeError("step_wait called without step_async")
+        (actions, active), self._pending = self._pending, None
+        return self.step(actions, active)
 
     def step(self, actions: torch.Tensor | np.ndarray, active: np.ndarray | None = None) -> StepResult:
         """actions [B, 7] in [-1, 1] (clipped). Envs with `active[i] == False` keep their state (reward 0, no flags)."""
