@@ -1,23 +1,22 @@
 """Latency of one QWM search decision for 16 envs, against policy-only acting and the per-node loop.
 
-robo_rl's own nets at paper size with random weights (latency does not depend on the weights):
-  policy  ShortcutFlowPolicy, velocity MLP 4x512, k = 4 Euler steps
-  critic  QEnsemble, 2 heads of 4x512 LayerNorm MLPs as stacked weights, mean over heads
-  model   LatentWorldModel: 8 dynamics heads 3x256 and a reward head; latent 128, action 7
+The search a default run acts with: the agent's nets at `--budget`'s sizes (budget=cpu, the default: latent 128,
+policy velocity MLP 3x256, 4 critic heads of 3x256, 8 world-model heads of 3x256; budget=gpu: SORL's 4x512 and 10
+heads) with random weights (latency does not depend on the weights), the planner of conf/planner/qwm.yaml (drift
+guard on), the policy sampling with agent.sample_steps, and torch threads by the run's thread policy.
 
-  search_ms        QWMPlanner.plan at the defaults (N = K = N_leaf = 8, D = 2, J = 1), all 16 envs;
+  search_ms        QWMPlanner.plan at the defaults (N = K = N_leaf = 8, D = 2, J = 1, drift guard), all envs;
                    precision "auto" = bfloat16 autocast on CPUs where native (AMX or AVX512-BF16), else fp32 (CUDA too)
                    (JSON `precision` says which ran)
   search_ms_d4     the same at D = 4
   policy_only_ms   one policy sample per env: the cost of acting without search
-  loop_ms          plan_reference (a Python loop over envs, candidates and nodes) at the defaults, fp32
+  loop_ms          plan_reference (a Python loop over envs, candidates and nodes) at the defaults, fp32 (the loop
+                   has no drift guard: a per-env einsum the batched search pays alone)
   loop_ms_default  the same loop in the precision search_ms ran in (= loop_ms when that is fp32)
   search_ms_fp32   the defaults in fp32
   speedup_vs_loop  loop_ms / search_ms_fp32: batching alone, both in fp32
   speedup_vs_loop_default  loop_ms_default / search_ms: batching alone, both in the default precision
-  search_ms_k1     extra: the defaults with a one-step sampler (a shortcut policy can sample in one
-                   step), i.e. one 4x512 MLP call per sample
-  search_ms_10head extra: the defaults with the agent's default 10-head critic
+  search_ms_k1     extra: the defaults with a one-step sampler (a shortcut policy can sample in one step)
 
 Profile (2026-12-03; torch.profiler and CPU-time micro-benchmarks, 1 thread, 2 cores at load 4-16):
   fp32 is bound by GEMM arithmetic. One decision is 33.9 GFLOP: 3200 flow samples x 4 Euler steps
@@ -44,37 +43,42 @@ and the best round's CPU time of this process (`cpu_ms`, `speedup_vs_loop_cpu`,
 `speedup_vs_loop_default_cpu`): one thread's CPU time does not count the time other processes hold
 the core, so on the shared 2 cores (load 4-13 on 2026-12-03, where wall times of the single-round
 loop varied 3x between runs of the same code) it is the steadier ratio.
---threads defaults to 1: with other processes on the 2 cores, 2 intra-op threads ran 3-8x slower
-than 1 here (they wait on each other). Anchor on this machine: TD-MPC2's MPPI planner takes
+Until 2026-12-07 this timed paper-size nets (4x512, 2 heads) without the drift guard on 1 thread; the figures above
+are of those. --threads defaults to the run's thread policy (robo_rl/utils/threads.py). Anchor on this machine: TD-MPC2's MPPI planner takes
 600-700 ms for ONE env's decision.
 
 On a GPU (`--device cuda`; one H200, torch 2.11, 2026-12-04): search_ms 14.8 (bf16, what "auto" picked then),
 search_ms_fp32 9.6, D = 4 22.5, policy only 1.3; the fp32 loop 3646 ms, so speedup_vs_loop 379 fp32 vs fp32
 (bf16 vs bf16: 336). Both targets (<= 100 ms, >= 30x) hold there. At 16 envs the search is bound by kernel
 launches, not arithmetic (its CPU time equals its wall time), which is why bf16, whose casts add kernels, is
-the slower of the two there: "auto" picks fp32 on CUDA since (planning/qwm.py auto_bf16). CUDA graphs would be the
+the slower of the two there: "auto" picks fp32 on CUDA since (utils/precision.py auto_bf16). CUDA graphs would be the
 lever for the launches, not measured.
 
-    python benchmarks/qwm_search.py --json OUT [--rounds 5] [--envs 16] [--threads 1] [--device cuda]
+    python benchmarks/qwm_search.py --json OUT [--rounds 5] [--envs 16] [--budget cpu] [--threads auto] [--device cuda]
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
-import os
-import statistics
-import time
-from collections.abc import Callable
+from robo_rl.utils.threads import apply_thread_policy, prepare_openmp
 
-import torch
+prepare_openmp()  # before torch loads, as every entry point
 
-from robo_rl.agents.critic import QEnsemble
-from robo_rl.agents.policy import ShortcutFlowPolicy
-from robo_rl.agents.world_model import LatentWorldModel
-from robo_rl.planning.qwm import QWMConfig, QWMPlanner, auto_bf16, plan_reference
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-LATENT, ACTION, HIDDEN = 128, 7, 512
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from robo_rl.checkpoint import build_agent, build_planner  # noqa: E402
+from robo_rl.planning.qwm import QWMConfig, QWMPlanner, plan_reference  # noqa: E402
+from robo_rl.utils.precision import auto_bf16  # noqa: E402
+
+LIFT_OBS = {"object": (10,), "robot0_eef_pos": (3,), "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,), "task_id": ()}
 
 
 def latency_ms(fn: Callable[[], object], rounds: int, repeats: int, sync: Callable[[], None] = lambda: None
@@ -100,33 +104,35 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--envs", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--budget", default="cpu", help="network sizes of this budget (conf/agent/size/)")
+    parser.add_argument("--threads", default="auto", help="torch threads: a number, or auto (the run's policy)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    apply_thread_policy(args.threads if args.threads == "auto" else int(args.threads))
     device = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"budget={args.budget}"])
     torch.manual_seed(0)
-    policy = ShortcutFlowPolicy(LATENT, ACTION, (HIDDEN,) * 4, sample_steps=4).eval().to(device)
-    two_heads, ten_heads = (QEnsemble(LATENT, ACTION, (HIDDEN,) * 4, num_heads=e).eval().to(device) for e in (2, 10))
-    model = LatentWorldModel(LATENT, ACTION, reward=True).eval().to(device)
+    agent = build_agent(cfg.agent, LIFT_OBS, 1, device).eval()
+    planner = build_planner(cfg.planner, cfg.train.gamma)
+    defaults = planner.cfg
+    wm = agent.world_model
 
     def pi_k(steps: int):
-        return lambda latents: policy.sample(latents, steps)
+        return lambda latents: agent.policy.sample(latents, steps)
 
-    def critic(heads: QEnsemble):
-        return lambda latents, actions: heads(latents, actions).mean(0)
+    pi, q = pi_k(agent.config.sample_steps), agent.q
+    z = torch.randn(args.envs, agent.config.encoder.latent_dim, device=device)
+    drift = torch.zeros(args.envs, agent.policy.flat_dim, device=device)
+    deep = dataclasses.replace(defaults, depth=4)
 
-    pi, q = pi_k(4), critic(two_heads)
-    z = torch.randn(args.envs, LATENT, device=device)
-    defaults, deep = QWMConfig(), QWMConfig(depth=4)
-
-    def search(cfg: QWMConfig, policy_fn=pi, q_fn=q) -> Callable[[], object]:
-        return lambda: QWMPlanner(cfg).plan(z, policy_fn, q_fn, model.next, reward=model.reward)
+    def search(cfg: QWMConfig, policy_fn=pi) -> Callable[[], object]:
+        return lambda: QWMPlanner(cfg, planner.gamma).plan(z, policy_fn, q, wm.next, drift=drift)
 
     def loop() -> object:
-        return plan_reference(defaults, z, pi, q, model.next, reward=model.reward)
+        return plan_reference(defaults, z, pi, q, wm.next, gamma=planner.gamma)
 
     bf16 = auto_bf16(z.device)  # what precision "auto" runs
     load_before = os.getloadavg()[0]
@@ -140,7 +146,6 @@ def main() -> None:
             timed["loop_ms_default"] = latency_ms(loop, 1, 1, sync) if bf16 else timed["loop_ms"]
         timed["search_ms_fp32"] = latency_ms(search(dataclasses.replace(defaults, precision="fp32")), args.rounds, 3, sync)
         timed["search_ms_k1"] = latency_ms(search(defaults, policy_fn=pi_k(1)), args.rounds, 3, sync)
-        timed["search_ms_10head"] = latency_ms(search(defaults, q_fn=critic(ten_heads)), args.rounds, 3, sync)
     results = {name: best for name, (best, _, _) in timed.items()}
     medians = {name: median for name, (_, median, _) in timed.items()}
     cpu = {name: cpu_best for name, (_, _, cpu_best) in timed.items()}
@@ -152,6 +157,7 @@ def main() -> None:
              for name, cfg in (("defaults", defaults), ("d4", deep))}
     results.update(
         envs=args.envs,
+        budget=args.budget,
         device=str(device),
         medians_ms=medians,
         cpu_ms=cpu,
@@ -174,7 +180,6 @@ def main() -> None:
         "loop_ms_default": f"the loop in {'bf16' if bf16 else 'fp32'}",
         "search_ms_fp32": "defaults in fp32",
         "search_ms_k1": "defaults, one-step policy sampler",
-        "search_ms_10head": "defaults, 10-head critic",
     }
     for key, note in notes.items():
         print(f"{key:<18}{results[key]:>10.1f}{medians[key]:>11.1f}{cpu[key]:>10.1f}   {note}")

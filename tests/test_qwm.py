@@ -5,7 +5,8 @@ from einops import rearrange, repeat
 from torch import nn
 
 from robo_rl.agents.world_model import LatentWorldModel
-from robo_rl.planning.qwm import QWMConfig, QWMPlanner, auto_bf16, plan_reference
+from robo_rl.planning.qwm import QWMConfig, QWMPlanner, plan_reference
+from robo_rl.utils.precision import auto_bf16
 
 # -- a cliff world with exact dynamics and a critic that cannot see the cliff coming -------------
 CLIFF_EDGE, FALLEN_VALUE = 0.5, -10.0

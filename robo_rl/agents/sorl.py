@@ -32,6 +32,7 @@ from robo_rl.core import Obs
 from robo_rl.nets.encoders import EncoderConfig, ObsEncoder
 from robo_rl.nets.mlp import ema_update_
 from robo_rl.utils import distributed
+from robo_rl.utils.precision import PRECISIONS, uses_bf16
 
 
 BC_DATA = ("offline", "successes", "all")  # SORLConfig.bc_data's choices
@@ -81,6 +82,9 @@ class SORLConfig:
     max_nonfinite_updates: int = 10
     tau: float = 0.005  # Polyak rate of the target encoder, target policy and target critic
     compile: bool = False  # torch.compile the encoder, velocity net and critic
+    # The update's forward passes under bf16 autocast ("bf16"), or not ("fp32"); "auto": bf16 on CPUs that run
+    # it natively (robo_rl/utils/precision.py). Weights, optimizer state and losses stay fp32.
+    precision: str = "fp32"
     # Latent world model (QWM search imagines with it), trained on the same encoder's latents.
     world_model: WorldModelConfig = field(default_factory=WorldModelConfig)
 
@@ -99,6 +103,8 @@ class SORLConfig:
             raise ValueError(f"execute_steps={self.execute_steps}: must be >= 1 (null: the whole chunk)")
         if self.bc_data not in BC_DATA:
             raise ValueError(f"bc_data={self.bc_data!r}: must be one of {BC_DATA}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}: must be one of {', '.join(PRECISIONS)}")
         if self.max_nonfinite_updates < 1:
             raise ValueError(f"max_nonfinite_updates={self.max_nonfinite_updates}: must be >= 1")
 
@@ -229,19 +235,22 @@ class SORLAgent(nn.Module):
                 f" or [B, {self.config.action_horizon}, {self.action_dim}]"
             )
         reward, discount = batch["reward"].to(self.device), batch["discount"].to(self.device)
-        z = self.encoder(self._to_device(batch["obs"]))
-        with torch.no_grad():
-            next_z = self.target_encoder(self._to_device(batch["next_obs"]))
+        bf16 = uses_bf16(self.config.precision, self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):  # backward follows the casts
+            z = self.encoder(self._to_device(batch["obs"]))
+            with torch.no_grad():
+                next_z = self.target_encoder(self._to_device(batch["next_obs"]))
 
-        critic_loss, info = self.critic_loss(z, action, reward, discount, next_z)
-        bc_rows = self._bc_rows(batch)
-        actor_loss, actor_info = self.actor_loss(z, action, bc_rows)
-        loss, wm_info = critic_loss + actor_loss, {}
-        if self.world_model is not None and seq is not None:
-            seq = self._chunk_sequence({"obs": self._to_device(seq["obs"]), "action": seq["action"].to(self.device),
-                                        "reward": seq["reward"].to(self.device), "terminal": seq["terminal"].to(self.device)})
-            wm_loss, wm_info = self.world_model.loss(self.encoder, seq)
-            loss = loss + wm_loss
+            critic_loss, info = self.critic_loss(z, action, reward, discount, next_z)
+            bc_rows = self._bc_rows(batch)
+            actor_loss, actor_info = self.actor_loss(z, action, bc_rows)
+            loss, wm_info = (critic_loss + actor_loss).float(), {}
+            if self.world_model is not None and seq is not None:
+                seq = self._chunk_sequence({"obs": self._to_device(seq["obs"]), "action": seq["action"].to(self.device),
+                                            "reward": seq["reward"].to(self.device),
+                                            "terminal": seq["terminal"].to(self.device)})
+                wm_loss, wm_info = self.world_model.loss(self.encoder, seq)
+                loss = loss + wm_loss.float()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         loss = self._average_over_ranks(loss)

@@ -141,6 +141,8 @@ import torch
 from einops import rearrange, reduce, repeat
 from torch import Tensor
 
+from robo_rl.utils.precision import PRECISIONS, uses_bf16
+
 Policy = Callable[[Tensor], Tensor]  # z [M, Z] -> a [M, A], a stochastic sample
 Critic = Callable[[Tensor, Tensor], Tensor]  # z [M, Z], a [M, A] -> Q [M]
 Dynamics = Callable[[Tensor, Tensor, int], Tensor]  # z [M, Z], a [M, A], K -> z' [M, K, Z]
@@ -175,7 +177,7 @@ class QWMConfig:
     # docstring for what 0.5 did).
     support: float = 1.0
     # "bf16": run the search's matmuls under bfloat16 autocast; "auto": bf16 on CPUs that do it natively (AMX
-    # tiles or AVX512-BF16), fp32 elsewhere (emulated bf16 is slower than fp32) and on CUDA (see auto_bf16).
+    # tiles or AVX512-BF16), fp32 elsewhere (emulated bf16 is slower than fp32) and on CUDA (robo_rl/utils/precision.py).
     precision: str = "auto"
 
     def __post_init__(self):
@@ -193,7 +195,7 @@ class QWMConfig:
                 raise ValueError(f"{name}={getattr(self, name)}: a mixing weight, must lie in [0, 1]")
         if self.selection not in ("argmax", "softmax", "random"):
             raise ValueError(f'selection={self.selection!r}: must be "argmax", "softmax" or "random"')
-        if self.precision not in ("auto", "fp32", "bf16"):
+        if self.precision not in PRECISIONS:
             raise ValueError(f'precision={self.precision!r}: must be "auto", "fp32" or "bf16"')
         if self.pessimism < 0:
             raise ValueError(f"pessimism={self.pessimism}: must be >= 0")
@@ -242,8 +244,7 @@ class QWMPlanner:
         cfg = self.cfg
         if z.dim() != 2:
             raise ValueError(f"z must be a batch of latents [B, Z], got shape {tuple(z.shape)}")
-        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and auto_bf16(z.device))
-        with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=uses_bf16(cfg.precision, z.device)):
             actions, info = self._search(z, pi, q, next, reward, terminal, generator, drift)
         return actions.float(), info
 
@@ -332,19 +333,6 @@ def candidate_deviation(candidates: Tensor) -> Tensor:
     candidates = candidates.float()
     spread = candidates.std(1, keepdim=True, correction=0).clamp_min(1e-6)
     return (candidates - candidates.mean(1, keepdim=True)) / spread
-
-
-def auto_bf16(device: torch.device) -> bool:
-    """What precision "auto" picks: bf16 on a CPU that runs bfloat16 matmuls natively (AMX tiles or AVX512-BF16
-    dot products: a 1024x512x512 matmul ran 2.7x faster in bf16 than fp32 on a Zen 4 core, 6.7x on an AMX one),
-    where the search is bound by GEMM arithmetic. Without either, oneDNN emulates bf16, slower than fp32. On CUDA
-    fp32: at the search's sizes it is bound by kernel launches and autocast's casts only add kernels (one H200,
-    16 envs, benchmarks/qwm_search.py: 14.8 ms in bf16, 9.6 ms in fp32)."""
-    if device.type != "cpu":
-        return False
-    # private in torch 2.x; absent: assume the instructions are not there
-    checks = (getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
-    return any(check is not None and check() for check in checks)
 
 
 def plan_reference(
