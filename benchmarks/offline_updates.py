@@ -11,7 +11,7 @@ ensemble layer against the same heads as a Python loop over separate MLPs.
 Anchor measured earlier on this machine: SORL's own JAX code, same nets, 2-head critic: 5.2-5.5
 updates/s.
 
-    python benchmarks/offline_updates.py --json out.json [--rounds 5] [--steps 10] [--threads N] [--compile]
+    python benchmarks/offline_updates.py --json out.json [--rounds 5] [--steps 10] [--threads N] [--compile] [--batch 256]
 
 On a machine whose cores are busy with other processes, use --threads 1: torch's intra-op threads
 wait for each other at every op, and a descheduled thread stalls them all (measured here with
@@ -38,31 +38,31 @@ from robo_rl.agents.world_model import WorldModelConfig
 from robo_rl.nets.mlp import EnsembleMLP, mlp
 
 LIFT_OBS = {"object": (10,), "robot0_eef_pos": (3,), "robot0_eef_quat": (4,), "robot0_gripper_qpos": (2,)}
-ACTION_DIM, BATCH = 7, 256
+ACTION_DIM = 7
 SORL_JAX_ANCHOR = 5.35  # updates/s, midpoint of 5.2-5.5 measured on this machine (2-head critic)
 
 
-def synthetic_batch() -> dict:
+def synthetic_batch(batch: int = 256) -> dict:
     def obs() -> dict[str, torch.Tensor]:
-        return {k: torch.randn(BATCH, *shape) for k, shape in LIFT_OBS.items()}
+        return {k: torch.randn(batch, *shape) for k, shape in LIFT_OBS.items()}
 
     return {
         "obs": obs(),
         "next_obs": obs(),
-        "action": torch.rand(BATCH, ACTION_DIM) * 2 - 1,
-        "reward": torch.rand(BATCH),
-        "discount": torch.full((BATCH,), 0.99),
-        "offline": torch.ones(BATCH, dtype=torch.bool),
+        "action": torch.rand(batch, ACTION_DIM) * 2 - 1,
+        "reward": torch.rand(batch),
+        "discount": torch.full((batch,), 0.99),
+        "offline": torch.ones(batch, dtype=torch.bool),
     }
 
 
-def synthetic_sequences(horizon: int = 3) -> dict:
-    """World-model sub-trajectories of BATCH sequences: obs [B, H+1, ...], action [B, H, A]."""
+def synthetic_sequences(horizon: int = 3, batch: int = 256) -> dict:
+    """World-model sub-trajectories of `batch` sequences: obs [B, H+1, ...], action [B, H, A]."""
     return {
-        "obs": {k: torch.randn(BATCH, horizon + 1, *shape) for k, shape in LIFT_OBS.items()},
-        "action": torch.rand(BATCH, horizon, ACTION_DIM) * 2 - 1,
-        "reward": torch.zeros(BATCH, horizon),
-        "terminal": torch.zeros(BATCH, horizon, dtype=torch.bool),
+        "obs": {k: torch.randn(batch, horizon + 1, *shape) for k, shape in LIFT_OBS.items()},
+        "action": torch.rand(batch, horizon, ACTION_DIM) * 2 - 1,
+        "reward": torch.zeros(batch, horizon),
+        "terminal": torch.zeros(batch, horizon, dtype=torch.bool),
     }
 
 
@@ -76,11 +76,11 @@ def rate(fn: Callable[[], object], steps: int, sync: Callable[[], None]) -> floa
     return steps / (time.perf_counter() - start)
 
 
-def critic_step(critic: nn.Module, heads: Callable[[torch.Tensor], torch.Tensor], device: torch.device
-                ) -> Callable[[], None]:
+def critic_step(critic: nn.Module, heads: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+                batch: int) -> Callable[[], None]:
     """One TD-regression step of a 10-head critic on fixed inputs (forward, backward, Adam)."""
     critic.to(device)
-    x, target = torch.randn(BATCH, 256 + ACTION_DIM, device=device), torch.randn(BATCH, device=device)
+    x, target = torch.randn(batch, 256 + ACTION_DIM, device=device), torch.randn(batch, device=device)
     optimizer = torch.optim.Adam(critic.parameters(), lr=1e-4)
 
     def step() -> None:
@@ -100,13 +100,14 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time SORLConfig(compile=True)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice, one per core)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] (batches start on the CPU, as sampled)")
+    parser.add_argument("--batch", type=int, default=256, help="batch size (and world-model sequences)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
-    batch = synthetic_batch()
+    batch = synthetic_batch(args.batch)
 
     variants: dict[str, Callable[[], object]] = {}
     for heads in (10, 2):
@@ -118,7 +119,7 @@ def main() -> None:
             )
     # The update the online loop runs: + the world model's loss on sequences (8 heads), split_batch (each head
     # its own 1/8 of the sequences) against every head on every sequence (the default).
-    sequences = synthetic_sequences()
+    sequences = synthetic_sequences(batch=args.batch)
     for split in (True, False):
         config = SORLConfig(world_model=WorldModelConfig(split_batch=split))
         agent = SORLAgent(LIFT_OBS, ACTION_DIM, config=config, device=device)
@@ -126,8 +127,9 @@ def main() -> None:
             lambda agent=agent: agent.update(batch, sequences))
     stacked = EnsembleMLP(10, 256 + ACTION_DIM, (512,) * 4, 1)
     loop = nn.ModuleList(mlp(256 + ACTION_DIM, (512,) * 4, 1) for _ in range(10))
-    variants["critic step, stacked ensemble"] = critic_step(stacked, stacked, device)
-    variants["critic step, per-head loop"] = critic_step(loop, lambda x: torch.stack([head(x) for head in loop]), device)
+    variants["critic step, stacked ensemble"] = critic_step(stacked, stacked, device, args.batch)
+    variants["critic step, per-head loop"] = critic_step(loop, lambda x: torch.stack([head(x) for head in loop]), device,
+                                                    args.batch)
 
     for fn in variants.values():  # warm-up (and compilation)
         for _ in range(3):
@@ -165,7 +167,7 @@ def main() -> None:
         "load_average": [load_before, load_after],
         "threads": torch.get_num_threads(),
         "device": str(device),
-        "batch_size": BATCH,
+        "batch_size": args.batch,
     }
     if args.compile:
         results["updates_per_s_compiled"] = best["SORLAgent.update, 10 heads, compiled"]

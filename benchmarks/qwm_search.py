@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--budget", default="cpu", help="network sizes of this budget (conf/agent/size/)")
     parser.add_argument("--threads", default="auto", help="torch threads: a number, or auto (the run's policy)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    parser.add_argument("--no-loop", action="store_true", help="skip the per-node loop (minutes at 1024 envs)")
     args = parser.parse_args()
     apply_thread_policy(args.threads if args.threads == "auto" else int(args.threads))
     device = torch.device(args.device)
@@ -141,18 +142,20 @@ def main() -> None:
         timed["search_ms"] = latency_ms(search(defaults), args.rounds, 3, sync)
         timed["search_ms_d4"] = latency_ms(search(deep), args.rounds, 2, sync)
         timed["policy_only_ms"] = latency_ms(lambda: pi(z), args.rounds, 20, sync)
-        timed["loop_ms"] = latency_ms(loop, 1, 1, sync)
-        with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=bf16):
-            timed["loop_ms_default"] = latency_ms(loop, 1, 1, sync) if bf16 else timed["loop_ms"]
+        if not args.no_loop:
+            timed["loop_ms"] = latency_ms(loop, 1, 1, sync)
+            with torch.autocast(z.device.type, dtype=torch.bfloat16, enabled=bf16):
+                timed["loop_ms_default"] = latency_ms(loop, 1, 1, sync) if bf16 else timed["loop_ms"]
         timed["search_ms_fp32"] = latency_ms(search(dataclasses.replace(defaults, precision="fp32")), args.rounds, 3, sync)
         timed["search_ms_k1"] = latency_ms(search(defaults, policy_fn=pi_k(1)), args.rounds, 3, sync)
     results = {name: best for name, (best, _, _) in timed.items()}
     medians = {name: median for name, (_, median, _) in timed.items()}
     cpu = {name: cpu_best for name, (_, _, cpu_best) in timed.items()}
-    results["speedup_vs_loop"] = results["loop_ms"] / results["search_ms_fp32"]
-    results["speedup_vs_loop_default"] = results["loop_ms_default"] / results["search_ms"]
-    results["speedup_vs_loop_cpu"] = cpu["loop_ms"] / cpu["search_ms_fp32"]
-    results["speedup_vs_loop_default_cpu"] = cpu["loop_ms_default"] / cpu["search_ms"]
+    if not args.no_loop:
+        results["speedup_vs_loop"] = results["loop_ms"] / results["search_ms_fp32"]
+        results["speedup_vs_loop_default"] = results["loop_ms_default"] / results["search_ms"]
+        results["speedup_vs_loop_cpu"] = cpu["loop_ms"] / cpu["search_ms_fp32"]
+        results["speedup_vs_loop_default_cpu"] = cpu["loop_ms_default"] / cpu["search_ms"]
     nodes = {name: cfg.num_actions * (1 + cfg.depth * cfg.beam * cfg.num_samples + cfg.beam * cfg.leaf_actions)
              for name, cfg in (("defaults", defaults), ("d4", deep))}
     results.update(
@@ -182,11 +185,13 @@ def main() -> None:
         "search_ms_k1": "defaults, one-step policy sampler",
     }
     for key, note in notes.items():
-        print(f"{key:<18}{results[key]:>10.1f}{medians[key]:>11.1f}{cpu[key]:>10.1f}   {note}")
-    print(f"{'speedup_vs_loop':<18}{results['speedup_vs_loop']:>10.1f}{'':>11}"
-          f"{results['speedup_vs_loop_cpu']:>10.1f}   fp32 vs fp32 (target >= 30)")
-    print(f"{'  with defaults':<18}{results['speedup_vs_loop_default']:>10.1f}{'':>11}"
-          f"{results['speedup_vs_loop_default_cpu']:>10.1f}   {results['precision']} search vs loop")
+        if key in results:
+            print(f"{key:<18}{results[key]:>10.1f}{medians[key]:>11.1f}{cpu[key]:>10.1f}   {note}")
+    if not args.no_loop:
+        print(f"{'speedup_vs_loop':<18}{results['speedup_vs_loop']:>10.1f}{'':>11}"
+              f"{results['speedup_vs_loop_cpu']:>10.1f}   fp32 vs fp32 (target >= 30)")
+        print(f"{'  with defaults':<18}{results['speedup_vs_loop_default']:>10.1f}{'':>11}"
+              f"{results['speedup_vs_loop_default_cpu']:>10.1f}   {results['precision']} search vs loop")
     print("anchor: TD-MPC2 MPPI, one env, this machine: 600-700 ms")
     if args.json:
         with open(args.json, "w") as f:

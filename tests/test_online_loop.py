@@ -132,3 +132,18 @@ def test_worker_killed_during_an_overlapped_step_is_replaced_and_nothing_made_up
         assert not env.step_wait().lost.any()
         with pytest.raises(RuntimeError, match="without step_async"):
             env.step_wait()
+
+
+@pytest.mark.slow  # a smoke run and three small benchmarks: ~3 min on 2 cores
+def test_gpu_check_runs_its_cpu_path_to_one_json(tmp_path):
+    env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "QWM_ENVS": "4", "WARP_WORLDS": "", "BATCHES": "32",
+           "WHEELS": str(tmp_path / "no_wheels")}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_check.sh"), str(tmp_path / "out")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out/gpu_check.json").read_text())
+    assert set(report["steps"]) == {"smoke", "qwm_search_4", "offline_updates_32"}
+    assert all(s["status"] == 0 for s in report["steps"].values()), report["steps"]
+    assert report["smoke"]["videos"] and 0.0 <= report["smoke"]["success_rate"] <= 1.0
+    assert report["qwm_search_ms"]["4"] > 0 and report["qwm_speedup_vs_loop"]["4"] > 1
+    assert report["offline_updates_per_s"]["32"] > 0
