@@ -26,7 +26,9 @@ compare=[...]` evaluates any point of a run again, on as many paired episodes as
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -129,18 +131,72 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint or its replay buffer could not be written (a full disk, an I/O error); the message names the
+    file, the space free and the space a checkpoint takes."""
+
+
 def save_checkpoint(run_dir: str | Path, step: int, state: dict, buffer: ReplayBuffer | None = None) -> Path:
-    """Write `state` (and `buffer`, if given) as checkpoint `step`; prune all but the newest KEEP_LAST."""
+    """Write `state` (and `buffer`, if given) as checkpoint `step`, keeping the newest KEEP_LAST.
+
+    The older ones go first, all but the newest, which stays whole until this one has landed: at most KEEP_LAST
+    checkpoints take disk space at any moment. A write that fails (OSError: ENOSPC, EIO, ...) removes its own
+    partial files and raises CheckpointWriteError; the newest complete checkpoint and its buffer stay usable.
+    """
     directory = checkpoint_dir(run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{step:08d}.pt"
-    if buffer is not None:
-        name = _buffer_name(path)
-        buffer.save(directory / name)
-        state = {**state, "buffer": {"file": name, "write_counts": buffer.write_counts}}
-    _save_atomically(state, path)
-    _prune(directory)
+    _prune(directory, KEEP_LAST - 1)
+    name = _buffer_name(path) if buffer is not None else None
+    writing = path
+    try:
+        if buffer is not None:
+            writing = directory / name
+            buffer.save(writing)
+            state = {**state, "buffer": {"file": name, "write_counts": buffer.write_counts}}
+        writing = path
+        _save_atomically(state, path)
+    except OSError as e:
+        if name and not path.exists():  # a buffer no checkpoint names (a checkpoint of this step names its own)
+            (directory / name).unlink(missing_ok=True)
+        kept = sorted(directory.glob("step_*.pt"))
+        free = shutil.disk_usage(directory).free
+        raise CheckpointWriteError(
+            e.errno, f"could not write {writing} "
+            f"({os.strerror(e.errno) if e.errno else e}): {_megabytes(free)} free "
+            f"there, a checkpoint of this run takes {_megabytes(_pair_size(kept[-1]) if kept else None)}; "
+            f"{kept[-1].name if kept else 'no earlier checkpoint'} is intact: free space, then resume=true "
+            f"continues from it") from None
     return path
+
+
+def checkpoint_size(agent: SORLAgent, buffer: ReplayBuffer | None) -> int:
+    """Bytes a checkpoint of `agent` (weights, Adam's two moments) and `buffer` (all its slots filled) takes, at most."""
+    weights = sum(t.numel() * t.element_size() for t in agent.state_dict().values())
+    return 3 * weights + (buffer.nbytes if buffer is not None else 0)
+
+
+def check_room_for_checkpoints(run_dir: str | Path, size: int) -> None:
+    """CheckpointWriteError unless run_dir's disk holds KEEP_LAST checkpoints of `size` bytes beside the ones it
+    holds already (a run refuses to start where its checkpoints could not be written)."""
+    directory = checkpoint_dir(run_dir)
+    held = sum(f.stat().st_size for f in directory.glob("*") if f.is_file()) if directory.exists() else 0
+    free = shutil.disk_usage(Path(run_dir)).free
+    if free + held < KEEP_LAST * size:
+        raise CheckpointWriteError(
+            errno.ENOSPC, f"hydra.run.dir={run_dir}: {_megabytes(free)} free on its disk, but the run keeps "
+            f"{KEEP_LAST} checkpoints of up to {_megabytes(size)} each (weights, optimizer and the replay buffer); "
+            "free space or pass a hydra.run.dir on a disk with room")
+
+
+def _pair_size(checkpoint: Path) -> int:
+    """Bytes of a checkpoint file and the buffer file it names."""
+    buffer = checkpoint.with_name(_buffer_name(checkpoint))
+    return checkpoint.stat().st_size + (buffer.stat().st_size if buffer.exists() else 0)
+
+
+def _megabytes(size: int | None) -> str:
+    return "an unknown size" if size is None else f"{size / 2**20:,.0f} MB"
 
 
 def save_curve_checkpoint(run_dir: str | Path, step: int, snapshot: dict) -> Path:
@@ -153,10 +209,15 @@ def save_curve_checkpoint(run_dir: str | Path, step: int, snapshot: dict) -> Pat
 
 
 def _save_atomically(state: dict, path: Path) -> None:
-    """torch.save to a temp file, then rename: a crash leaves the old file or none, never a torn one."""
+    """torch.save to a temp file, then rename: a crash leaves the old file or none, never a torn one, and a write
+    that fails leaves no temp file behind."""
     tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:  # through a Python file: a failed write is an OSError with its errno (ENOSPC)
+            torch.save(state, f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _buffer_name(checkpoint: Path) -> str:
@@ -164,12 +225,12 @@ def _buffer_name(checkpoint: Path) -> str:
     return f"buffer_{checkpoint.stem.removeprefix('step_')}.h5"
 
 
-def _prune(directory: Path) -> None:
-    """Keep the newest KEEP_LAST checkpoints and the buffers they name; drop everything else."""
+def _prune(directory: Path, keep: int = KEEP_LAST) -> None:
+    """Keep the newest `keep` checkpoints and the buffers they name; drop everything else."""
     checkpoints = sorted(directory.glob("step_*.pt"))
-    for old in checkpoints[:-KEEP_LAST]:
+    for old in checkpoints[:-keep]:
         old.unlink()
-    kept = {_buffer_name(p) for p in checkpoints[-KEEP_LAST:]}
+    kept = {_buffer_name(p) for p in checkpoints[-keep:]}
     for stale in directory.glob("buffer_*.h5"):
         if stale.name not in kept:
             stale.unlink()

@@ -32,11 +32,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from robo_rl.agents.sorl import NonFiniteUpdateError, SORLConfig, check_execute_steps
-from robo_rl.checkpoint import latest_checkpoint
+from robo_rl.checkpoint import CheckpointWriteError, latest_checkpoint
 from robo_rl.data.hdf5 import DatasetError
 from robo_rl.planning.qwm import QWMConfig
 from robo_rl.train.sources import check_dataset
 from robo_rl.utils.schema import ConfigError, from_dict
+from robo_rl.utils.shutdown import StopRequested
 
 
 # -- schemas, one per group --------------------------------------------------------------------
@@ -384,13 +385,17 @@ def validate(cfg: DictConfig, config_name: str) -> Any:
 # -- where the checks run ----------------------------------------------------------------------
 @contextlib.contextmanager
 def stop_on_bad_input() -> Iterator[None]:
-    """Errors that name a bad input (config value, dataset, training that diverges) end the process
-    with their one-line message and exit code 2 instead of a traceback."""
+    """Errors that name a bad input (config value, dataset, training that diverges, a disk without room for
+    the checkpoints) end the process with their one-line message and exit code 2 instead of a traceback; a run a signal stopped
+    (robo_rl/utils/shutdown.py) ends with its one line and 128 + the signal's number."""
     try:
         yield
-    except (ConfigError, DatasetError, NonFiniteUpdateError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+    except (ConfigError, DatasetError, NonFiniteUpdateError, CheckpointWriteError) as e:
+        print(f"error: {e.strerror if isinstance(e, CheckpointWriteError) else e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except StopRequested as e:
+        print(f"[run] {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
 
 
 class ValidateConfig(Callback):

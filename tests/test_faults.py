@@ -1,6 +1,7 @@
 """Real faults, for real: SIGKILL a training run and resume it, leave a torn checkpoint save behind,
-kill an env worker mid-episode in training and in evaluation. Nothing made up may reach the buffer
-or the scores, and a resumed run must continue as if nothing had happened."""
+kill an env worker mid-episode in training and in evaluation, SIGTERM a run, fill the disk under a
+checkpoint, start a second run on a held directory. Nothing made up may reach the buffer or the scores,
+and a resumed run must continue as if nothing had happened."""
 import dataclasses
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
 import torch
 
 from robo_rl.checkpoint import checkpoint_dir, load_buffer, load_checkpoint
@@ -168,3 +170,108 @@ def test_episode_whose_worker_dies_twice_is_recorded_as_failed_with_the_reason(l
     assert not first["success"] and "died twice in this episode" in first["failure"] and "died" in first["failure"]
     assert second["failure"] is None and second["length"] == 8  # the next episode runs as usual
     assert result["worker_restarts"] == 2 and result["actors"]["policy"]["failed_episodes"] == 1
+
+
+# -- stopping, full disks, two writers (a long disturbed run: benchmarks/chaos_soak.py) --------------------------
+def test_sigterm_mid_online_checkpoints_and_resumes_to_the_same_transitions(tmp_path):
+    args = [*SMOKE, f"demo_cache={tmp_path / 'demos'}", "budget.online_steps=200"]
+    finish(start("train_qwm.py", tmp_path / "demos_first", *args, "budget.online_steps=2"))  # the demo cache, once
+    whole = start("train_qwm.py", tmp_path / "whole", *args)  # the same seed, never stopped
+    stopped_dir = tmp_path / "stopped"
+    stopped = start("train_qwm.py", stopped_dir, *args)
+    wait_for(lambda: checkpoint_dir(stopped_dir).exists() and len(online_checkpoints(stopped_dir)) >= 1)
+    stopped.send_signal(signal.SIGTERM)  # to the trainer alone, as a scheduler's preemption notice reaches it
+    out, err = stopped.communicate(timeout=300)
+    assert stopped.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM" in err and "resume=true" in err
+    state = load_checkpoint(stopped_dir)
+    assert state["phase"] == "online" and 0 < state["env_steps"] < 200 and "continuation" in state
+    finish(start("train_qwm.py", stopped_dir, *args, "resume=true"))
+    finish(whole)
+    a, b = (load_buffer(d, load_checkpoint(d)) for d in (tmp_path / "whole", stopped_dir))
+    assert a.num_online == b.num_online == 200
+    for name, array in a._online.arrays().items():  # every transition, in order, episode boundaries included
+        np.testing.assert_array_equal(array, b._online.arrays()[name], err_msg=name)
+
+
+@pytest.mark.parametrize("failing", ["buffer", "checkpoint"])
+def test_a_full_disk_leaves_the_previous_checkpoint_pair_loadable(tmp_path, monkeypatch, failing):
+    import h5py
+
+    import robo_rl.checkpoint
+    from robo_rl.checkpoint import CheckpointWriteError, save_checkpoint
+    from robo_rl.data.buffer import ReplayBuffer
+
+    buffer = ReplayBuffer({"x": (3,)}, None, 2, capacity=50)
+    for t in range(5):
+        buffer.add({"x": torch.full((1, 3), float(t))}, torch.zeros(1, 2), torch.zeros(1), torch.zeros(1, dtype=bool),
+                   torch.zeros(1, dtype=bool), {"x": torch.full((1, 3), t + 1.0)})
+    state = {"offline_step": 0, "env_steps": 5, "phase": "online"}
+    save_checkpoint(tmp_path, 5, state, buffer)
+    buffer.add({"x": torch.full((1, 3), 6.0)}, torch.zeros(1, 2), torch.zeros(1), torch.zeros(1, dtype=bool),
+               torch.zeros(1, dtype=bool), {"x": torch.full((1, 3), 7.0)})
+    # The kernel's own ENOSPC, injected at the write call: the file written is /dev/full
+    if failing == "buffer":
+        real = h5py.File
+        monkeypatch.setattr(h5py, "File", lambda path, mode: real("/dev/full" if mode == "w" else path, mode))
+    else:
+        real = torch.save
+        monkeypatch.setattr(robo_rl.checkpoint.torch, "save", lambda obj, f: real(obj, open("/dev/full", "wb")))
+    directory = checkpoint_dir(tmp_path)
+    with pytest.raises(CheckpointWriteError, match="No space left on device") as error:
+        save_checkpoint(tmp_path, 6, {**state, "env_steps": 6}, buffer)
+    assert "step_00000005.pt is intact" in error.value.strerror
+    assert sorted(p.name for p in directory.iterdir()) == ["buffer_00000005.h5", "step_00000005.pt"]  # no partials
+    previous = load_checkpoint(tmp_path)
+    assert previous["env_steps"] == 5 and load_buffer(tmp_path, previous).num_online == 5
+
+
+def test_a_run_refuses_a_disk_without_room_for_its_checkpoints(tmp_path):
+    from robo_rl.checkpoint import CheckpointWriteError, check_room_for_checkpoints
+
+    check_room_for_checkpoints(tmp_path, 2**20)
+    with pytest.raises(CheckpointWriteError, match="free on its disk"):
+        check_room_for_checkpoints(tmp_path, 2**60)
+
+
+def test_a_second_run_on_a_held_directory_is_refused(tmp_path, capsys):
+    from robo_rl.utils.runlock import LOCK_FILE, hold_run_dir, release_run_dir
+
+    run_dir = tmp_path / "run"
+    hold_run_dir(run_dir)  # this process is the live run
+    try:
+        proc = start("train_qwm.py", run_dir, *SMOKE)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2 and f"held by a live run (pid {os.getpid()}" in err
+    finally:
+        release_run_dir(run_dir)
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / LOCK_FILE).write_text("pid 999999999 on elsewhere")  # its holder died without giving it back
+    hold_run_dir(stale)
+    release_run_dir(stale)
+    assert "took over the lock of a run that is gone (pid 999999999 on elsewhere)" in capsys.readouterr().out
+
+
+def test_the_soak_checks_catch_a_duplicated_transition(lift_spec):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from chaos_soak import episodes_crossing, repeated_transitions, transitions_vs_steps
+
+    from robo_rl.data.buffer import ReplayBuffer
+    from robo_rl.demos.experts import LiftExpert
+
+    with VecEnv(dataclasses.replace(lift_spec, horizon=20), 1, workers="sync") as env:
+        obs, expert = env.reset(seed=0), LiftExpert(1)
+        buffer = ReplayBuffer({k: tuple(v.shape[1:]) for k, v in obs.items()}, None, 7, capacity=200)
+        for _ in range(40):  # two episodes of 20 steps
+            actions = expert.act(obs)
+            result = env.step(actions)
+            buffer.add(obs, actions, result.reward, result.terminated, result.truncated, result.next_obs, result.lost)
+            obs = result.obs
+    clean = {"env_steps": 40, "lost_steps": 0}
+    assert transitions_vs_steps(buffer, clean)["ok"] and repeated_transitions(buffer) == 0
+    assert episodes_crossing(buffer, [[21]]) == 0 and episodes_crossing(buffer, [[10]]) == 1  # inside episode 1
+    # the same transition stored twice, as a replayed step after a restart would store it
+    buffer.add(obs, actions, result.reward, result.terminated, result.truncated, obs)
+    buffer.add(obs, actions, result.reward, torch.ones(1, dtype=bool), result.truncated, result.next_obs)
+    assert not transitions_vs_steps(buffer, clean)["ok"] and repeated_transitions(buffer) == 1

@@ -188,6 +188,11 @@ class ReplayBuffer:
     def num_online(self) -> int:
         return self._num_online
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffer's storage, offline and online (every online slot, used or not)."""
+        return sum(a.nbytes for part in (self._offline, self._online) for a in part.arrays().values())
+
     # -- adding data --------------------------------------------------------------------------
     def add_offline(self, episodes: Iterable[Episode], lengths: Sequence[int] | None = None) -> None:
         """Append episodes (obs [T+1, ...], actions [T, A]) to the offline part.
@@ -274,6 +279,11 @@ class ReplayBuffer:
             if (steps := int(self._pos[e] - 1 - start)) > 0:
                 self._finished.append((int(e), start, steps))
         self._needs_first_obs[envs] = True
+
+    def episode_spans(self) -> list[tuple[int, int, int]]:
+        """(env stream, write position of its first observation, steps) of every completed online episode, in the
+        positions `write_counts` counts: what tells whether an episode spans a given point of the stream."""
+        return list(self._finished)
 
     @property
     def write_counts(self) -> list[int]:

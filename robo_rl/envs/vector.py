@@ -291,6 +291,13 @@ class VecEnv:
     def instructions(self) -> list[str]:
         return self.get("instruction")
 
+    @property
+    def episode_seeds(self) -> list[int | None]:
+        """The seed each env's current episode started from (its auto-resets continue the stream from there):
+        with `get("snapshot")`, what `reset_envs(ids, seed=seeds, options=[{"snapshot": s}, ...])` needs to
+        continue the episodes exactly in new envs."""
+        return list(self._seeds)
+
     # -- control -------------------------------------------------------------------------------
     def reset(self, seed: int | None = None, options: list[dict] | None = None) -> Obs:
         """Reset all envs; env i gets seed `seed + i` and `options[i]`."""
@@ -346,6 +353,8 @@ class VecEnv:
             obs, reward[i], terminated[i], truncated[i], success[i], final = out
             next_obs[i] = obs if final is None else final
             self._obs[i] = obs
+            if final is not None and self._seeds[i] is not None:  # its worker began the stream's next episode
+                self._seeds[i] += self.num_envs
         # Lost episodes end here, truncated, not a transition (next_obs: a copy of an observation, see module doc)
         lost_ids = sorted(self._lost)
         truncated[lost_ids] = lost[lost_ids] = True

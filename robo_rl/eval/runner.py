@@ -27,6 +27,7 @@ from robo_rl.eval.policies import RandomPolicy
 from robo_rl.eval.rollout import Policy, eval_seed, evaluate, evaluate_actors
 from robo_rl.utils.logging import write_json
 from robo_rl.utils.schema import ConfigError
+from robo_rl.utils.shutdown import GracefulStop, StopRequested
 from robo_rl.utils.threads import apply_thread_policy, describe
 
 PLANNER_CONF = Path(__file__).resolve().parents[2] / "conf" / "planner"
@@ -95,11 +96,15 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     try:
         settings = dict(seed=eval_seed(cfg.seed), video_dir=run_dir / "videos", num_videos=cfg.videos,
                         wrist_video=cfg.wrist_video, journal=journal)
-        if actors is not None:
-            result = evaluate_actors(env, actors, episodes, **settings)
-        else:
-            result = evaluate(env, make_eval_policy(cfg, env.num_envs, env.action_dim, checkpoint), episodes,
-                              **settings)
+        with GracefulStop(at_once=True):  # SIGINT / SIGTERM: the journal already holds every finished episode
+            if actors is not None:
+                result = evaluate_actors(env, actors, episodes, **settings)
+            else:
+                result = evaluate(env, make_eval_policy(cfg, env.num_envs, env.action_dim, checkpoint), episodes,
+                                  **settings)
+    except StopRequested as stopped:
+        raise StopRequested(stopped.signum, f"{stopped}: the episodes it finished are in {journal.path}; the same "
+                                            "command plays the rest") from None
     finally:
         env.close()
     result["task"], result["threads"] = cfg.task.name, threads

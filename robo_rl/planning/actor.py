@@ -51,6 +51,20 @@ class AgentActor:
             self._noisy_policies = [copy.deepcopy(agent.policy).requires_grad_(False) for _ in range(num_groups)]
             self.resample_noise(range(num_groups))
 
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to act on exactly as this actor would: each env's chunk and lean, the
+        generator, the perturbed policy copies."""
+        return {"chunks": self._chunks.clone(), "next": self._next.clone(), "drift": self._drift.clone(),
+                "generator": self.generator.get_state(),
+                "noisy_policies": None if self._noisy_policies is None else [p.state_dict() for p in self._noisy_policies]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict()` of an actor of the same agent, planner and groups."""
+        self._chunks, self._next, self._drift = state["chunks"].clone(), state["next"].clone(), state["drift"].clone()
+        self.generator.set_state(state["generator"])
+        for noisy, saved in zip(self._noisy_policies or [], state["noisy_policies"] or []):
+            noisy.load_state_dict(saved)
+
     @torch.no_grad()
     def resample_noise(self, groups) -> None:
         """Perturb group g's policy copy: θ_g = θ + σ·ε, from the agent's current weights."""

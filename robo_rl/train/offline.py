@@ -11,6 +11,7 @@ from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
 from robo_rl.utils.logging import RunLogger, write_json
+from robo_rl.utils.shutdown import GracefulStop
 
 
 class OfflineTrainer(Trainer):
@@ -26,8 +27,8 @@ class OfflineTrainer(Trainer):
     phase = "offline"
 
     def __init__(self, cfg: DictConfig, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger, run_dir: Path,
-                 progress: Progress, curve: LearningCurve):
-        super().__init__(cfg, None, agent, buffer, logger, run_dir, progress)
+                 progress: Progress, curve: LearningCurve, stop: GracefulStop | None = None):
+        super().__init__(cfg, None, agent, buffer, logger, run_dir, progress, stop)
         self.curve = curve
 
     def train(self) -> None:
@@ -42,6 +43,7 @@ class OfflineTrainer(Trainer):
         bar = tqdm(range(start, budget.offline_steps), desc="offline", initial=start, total=budget.offline_steps,
                    dynamic_ncols=True, disable=not self.main)
         for step in bar:
+            self.stop_if_asked()
             metrics = self.update()
             progress.offline_step = step + 1
             if (step + 1) % budget.log_every == 0 or step + 1 == budget.offline_steps:

@@ -22,6 +22,7 @@ from robo_rl.train.sources import demo_starts
 from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
+from robo_rl.utils.shutdown import GracefulStop
 from robo_rl.utils.timing import SectionTimer
 
 
@@ -40,9 +41,11 @@ class OnlineTrainer(Trainer):
     phase = "online"
 
     def __init__(self, cfg: DictConfig, env, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger,
-                 run_dir: Path, progress: Progress, curve: LearningCurve):
-        super().__init__(cfg, env, agent, buffer, logger, run_dir, progress)
+                 run_dir: Path, progress: Progress, curve: LearningCurve, stop: GracefulStop | None = None,
+                 continuation: dict | None = None):
+        super().__init__(cfg, env, agent, buffer, logger, run_dir, progress, stop)
         self.curve = curve
+        self.continuation = continuation  # the episodes a graceful stop left in progress (see _episodes_in_progress)
         noise = cfg.param_noise_std if cfg.explore == "param_noise" else 0.0
         self.actor = build_actor(agent, cfg.planner, cfg.train.gamma, distributed.rank_seed(cfg.seed),
                                  param_noise_std=noise,
@@ -58,10 +61,12 @@ class OnlineTrainer(Trainer):
         budget, B = cfg.budget, env.num_envs
         updates_per_iter = max(1, round(budget.utd * B))
         start = progress.env_steps
-        # fresh episodes, also after a resume
-        obs = self._start_some_from_demos(range(B), env.reset(seed=distributed.rank_seed(cfg.seed) + 7919 * (start + 1)))
-        actor.reset(range(B))
-        episode_return, episode_len = np.zeros(B), np.zeros(B, int)
+        if self.continuation is not None:  # a graceful stop's episodes, continued where they were
+            obs, episode_return, episode_len = self._continue_episodes(self.continuation)
+        else:  # fresh episodes, also after a crash
+            obs = self._start_some_from_demos(range(B), env.reset(seed=distributed.rank_seed(cfg.seed) + 7919 * (start + 1)))
+            actor.reset(range(B))
+            episode_return, episode_len = np.zeros(B), np.zeros(B, int)
         # (success, return, length) of the last finished episodes, from the env's reset and from demo states
         recent, recent_demo = deque(maxlen=20), deque(maxlen=20)
         metrics, t0 = {}, time.time()
@@ -71,6 +76,7 @@ class OnlineTrainer(Trainer):
                    disable=not self.main)
         timer = SectionTimer(("act", "env", "buffer", "update"))  # the loop's split, logged as rollout/seconds_*
         while progress.env_steps < budget.online_steps:
+            self.stop_if_asked(continuation=self._episodes_in_progress(episode_return, episode_len))
             with timer("act"):
                 actions = actor.act(obs)
             if cfg.train.overlap:  # the envs step while the learner updates on the transitions before this one
@@ -95,6 +101,7 @@ class OnlineTrainer(Trainer):
             episode_len += 1
             done = result.done.numpy()
             lost = result.lost.numpy()
+            progress.lost_steps += int(lost.sum())
             for i in np.flatnonzero(done & ~lost):
                 (recent_demo if self.from_demo[i] else recent).append(
                     (bool(result.success[i]), episode_return[i], episode_len[i]))
@@ -113,6 +120,7 @@ class OnlineTrainer(Trainer):
                 stats = _episode_stats(recent)
                 stats["steps_per_s"] = (steps - start) / (time.time() - t0)
                 stats["worker_restarts"] = getattr(env, "num_restarts", 0)
+                stats["lost_steps"] = progress.lost_steps
                 stats |= {f"seconds_{k}": v for k, v in timer.split().items()}
                 stats |= {f"demo_start_{k}": v for k, v in _episode_stats(recent_demo).items()}
                 self.logger.log({**{f"online/{k}": v for k, v in metrics.items()},
@@ -127,6 +135,27 @@ class OnlineTrainer(Trainer):
                 next_ckpt = _next_multiple(steps, budget.checkpoint_every)
                 self.save()
         bar.close()
+
+    def _episodes_in_progress(self, episode_return: np.ndarray, episode_len: np.ndarray) -> dict | None:
+        """What continues the envs' episodes exactly in a resumed run: each env's simulator snapshot and episode
+        seed, the actor's per-env state, the episodes' running stats, this trainer's RNG. None where the envs
+        cannot snapshot (a resumed run then ends these episodes and starts new ones, as after a crash)."""
+        try:
+            snapshots = self.env.get("snapshot")
+        except (AttributeError, RuntimeError):
+            return None
+        return {"snapshots": snapshots, "episode_seeds": self.env.episode_seeds, "actor": self.actor.state_dict(),
+                "episode_return": episode_return.copy(), "episode_len": episode_len.copy(),
+                "from_demo": self.from_demo.copy(), "rng": self.rng.bit_generator.state}
+
+    def _continue_episodes(self, state: dict) -> tuple[dict, np.ndarray, np.ndarray]:
+        """Restore `_episodes_in_progress`'s state: (obs, episode returns, episode lengths)."""
+        ids = list(range(self.env.num_envs))
+        obs = self.env.reset_envs(ids, seed=state["episode_seeds"], options=[{"snapshot": s} for s in state["snapshots"]])
+        self.actor.load_state_dict(state["actor"])
+        self.from_demo[:] = state["from_demo"]
+        self.rng.bit_generator.state = state["rng"]
+        return obs, np.array(state["episode_return"]), np.array(state["episode_len"])
 
     def _updates(self, n: int) -> dict[str, float]:
         """`n` gradient steps (none while the buffer holds nothing to learn from); the last one's metrics."""

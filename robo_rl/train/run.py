@@ -23,7 +23,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from robo_rl.checkpoint import build_agent, latest_checkpoint, load_buffer, load_checkpoint, restore_training_state
+from robo_rl.checkpoint import (
+    build_agent, check_room_for_checkpoints, checkpoint_size, latest_checkpoint, load_buffer, load_checkpoint,
+    restore_training_state,
+)
 from robo_rl.core import ACTION_DIM, TASK_KEY, obs_shapes
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.data.language import instruction_embeddings
@@ -36,8 +39,10 @@ from robo_rl.train.sources import Demos, offline_episodes, shaped_rewards
 from robo_rl.train.trainer import Progress, Trainer
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
+from robo_rl.utils.runlock import hold_run_dir, release_run_dir
 from robo_rl.utils.schema import ConfigError
 from robo_rl.utils.seeding import seed_everything
+from robo_rl.utils.shutdown import GracefulStop, StopRequested
 from robo_rl.utils.threads import apply_thread_policy, describe
 
 INSTRUCTION_CACHE = "instruction_embeddings.json"
@@ -53,6 +58,17 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
     if rank == 0:
         print(describe(threads), flush=True)
     run_dir = Path(distributed.broadcast_object(str(run_dir)))  # Hydra's timestamped dir may differ by rank
+    if rank == 0:
+        hold_run_dir(run_dir)  # one writer per run directory; a live run's directory is refused here
+    try:
+        return _run(cfg, run_dir, online, rank, world, threads, started)
+    finally:
+        if rank == 0:
+            release_run_dir(run_dir)
+
+
+def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, threads: dict, started: float) -> dict:
+    """`run` in a run directory this process holds (rank 0), with the thread policy applied."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(distributed.rank_seed(cfg.seed))
     spec = env_spec(cfg, render=True)
@@ -73,15 +89,20 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
         buffer = build_buffer(cfg, shapes, demos)
         if buffer.num_offline:
             agent.set_normalization(buffer.obs_stats())
-        progress = Progress()
+        if rank == 0:  # refuse to start where the run's checkpoints would not fit
+            check_room_for_checkpoints(run_dir, checkpoint_size(agent, buffer if online else None))
+        progress, continuation = Progress(), None
         if state is not None:
             restore_training_state(agent, state)
-            progress = Progress(state["offline_step"], state["env_steps"])
+            progress = Progress(state["offline_step"], state["env_steps"], state.get("lost_steps", 0))
             if state["phase"] == "online":
                 device = buffer.device
                 del buffer  # the saved buffer holds the demos too: drop this copy before reading it
                 buffer = load_buffer(run_dir, state, device=device)
-                buffer.end_episodes()  # the envs restart below: nothing may join the interrupted episodes
+                # a graceful stop saved its episodes in progress (rank 0's envs: one rank continues them)
+                continuation = state.get("continuation") if world == 1 else None
+                if continuation is None:
+                    buffer.end_episodes()  # the envs restart below: nothing may join the interrupted episodes
         if world > 1:  # every rank starts from rank 0's weights and normalisation
             distributed.broadcast_module_(agent)
             if state is not None and rank:  # the checkpoint restored rank 0's RNGs on every rank
@@ -96,11 +117,16 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
                               resume_offline_step=progress.offline_step,
                               no_search_actor=f"critic best-of-{best_of_n}" if best_of_n > 1 else "policy")
 
-        trainer: Trainer = OfflineTrainer(cfg, agent, buffer, logger, run_dir, progress, curve)
-        trainer.train()
-        if online:
-            trainer = OnlineTrainer(cfg, env, agent, buffer, logger, run_dir, progress, curve)
+        with GracefulStop() as stop:  # SIGINT / SIGTERM: a checkpoint at the next step boundary, then StopRequested
+            trainer: Trainer = OfflineTrainer(cfg, agent, buffer, logger, run_dir, progress, curve, stop)
             trainer.train()
+            if online:
+                trainer = OnlineTrainer(cfg, env, agent, buffer, logger, run_dir, progress, curve, stop, continuation)
+                trainer.train()
+    except StopRequested as stopped:
+        logger.close()
+        raise StopRequested(stopped.signum, f"{stopped}; continue the run with the same command plus resume=true "
+                                            f"hydra.run.dir={run_dir}") from None
     finally:
         if env is not None:
             env.close()

@@ -7,6 +7,7 @@ then OnlineTrainer (acting in the envs, learning from the transitions it collect
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from robo_rl.envs import make_vec_env
 from robo_rl.eval.rollout import eval_seed, evaluate_actors
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger
+from robo_rl.utils.shutdown import GracefulStop, StopRequested
 
 
 OFFLINE_EVAL = "offline_eval.json"  # the policy alone where pretraining ended: the line the online curve must climb above
@@ -30,6 +32,7 @@ class Progress:
 
     offline_step: int = 0  # gradient steps on the demonstrations
     env_steps: int = 0  # online env steps, summed over envs
+    lost_steps: int = 0  # of those, the steps a dying env worker never took (stored nowhere)
 
     @property
     def step(self) -> int:
@@ -52,9 +55,9 @@ class Trainer:
     phase: str  # "offline" | "online": what a checkpoint this trainer saves resumes into
 
     def __init__(self, cfg: DictConfig, env, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger,
-                 run_dir: Path, progress: Progress):
+                 run_dir: Path, progress: Progress, stop: GracefulStop | None = None):
         self.cfg, self.env, self.agent, self.buffer, self.logger = cfg, env, agent, buffer, logger
-        self.run_dir, self.progress = Path(run_dir), progress
+        self.run_dir, self.progress, self.stop = Path(run_dir), progress, stop
         self.search = cfg.planner.name != "none"
         self.acting = cfg.planner.name if self.search else "none"
         self.actors = [self.acting, "none"] if self.search else [self.acting]
@@ -93,13 +96,24 @@ class Trainer:
         h = self.agent.config.action_horizon
         return h == 1 or self.buffer.can_sample_sequences(h)
 
-    def save(self) -> Path | None:
-        """Checkpoint at the current counters (online: with the replay buffer); None on ranks other than 0."""
+    def save(self, **extra) -> Path | None:
+        """Checkpoint at the current counters (online: with the replay buffer), plus `extra` entries; None on
+        ranks other than 0."""
         if not self.main:
             return None
         p = self.progress
-        state = training_state(self.cfg, self.agent, self.phase, p.offline_step, p.env_steps)
+        state = training_state(self.cfg, self.agent, self.phase, p.offline_step, p.env_steps) | {
+            "lost_steps": p.lost_steps, **extra}
         return save_checkpoint(self.run_dir, p.step, state, buffer=self.buffer if self.phase == "online" else None)
+
+    def stop_if_asked(self, **extra) -> None:
+        """At a step boundary: when a signal asked the run to stop (robo_rl/utils/shutdown.py), write a checkpoint
+        (with `extra`) and raise StopRequested."""
+        if self.stop is None or self.stop.signum is None:
+            return
+        path = self.save(**extra)
+        raise StopRequested(self.stop.signum, f"stopped by {signal.Signals(self.stop.signum).name} at step "
+                                              f"{self.progress.step} with a complete checkpoint, {path}")
 
     def keep_evaluated(self) -> Path:
         """Keep the agent a learning-curve point just evaluated (checkpoints/curve/, never pruned), so that
