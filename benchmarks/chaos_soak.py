@@ -1,7 +1,7 @@
 """A chaos soak: a default Lift training run disturbed by every fault robo_rl guards against, then checked for
 lost or made-up data and compared with an undisturbed run of the same seed and length.
 
-    sudo python benchmarks/chaos_soak.py --task lift --minutes 20 --json OUT [--online-steps 6000] [--seed 0]
+    sudo python benchmarks/chaos_soak.py --task lift --minutes 20 --json OUT [--online-steps 6000] [--seed 0] [key=value ...]
 
 While the run trains, a driver applies faults on a fixed random schedule (`--schedule-seed`) spread over
 `--minutes` of wall time: SIGKILL of an env worker (`--worker-kills`, 10), SIGKILL of the trainer's whole
@@ -123,12 +123,15 @@ class Training:
 
     def workers(self) -> list[psutil.Process]:
         """Its live env worker processes (multiprocessing's spawned children, not the resource tracker)."""
+        workers = []
         try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                command = " ".join(child.cmdline())
+                if "spawn_main" in command and "resource_tracker" not in command:
+                    workers.append(child)
+        except psutil.Error:  # the trainer or a child ended (or is a zombie) meanwhile: none to pick this time
             return []
-        return [p for p in children if "spawn_main" in " ".join(p.cmdline()) and "resource_tracker" not in
-                " ".join(p.cmdline())]
+        return workers
 
     def kill_group(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -225,12 +228,13 @@ def main() -> None:
     parser.add_argument("--headroom-kb", type=int, default=256, help="space the disk-full fault leaves free")
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs/chaos_soak")
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("overrides", nargs="*", help="more train_qwm.py overrides for both runs (key=value)")
     args = parser.parse_args()
     from robo_rl.checkpoint import load_buffer
     from robo_rl.eval.stats import paired_difference, success_ci
 
     overrides = [f"task={args.task}", f"seed={args.seed}", f"budget.online_steps={args.online_steps}",
-                 "logger.mode=disabled"]
+                 "logger.mode=disabled", *args.overrides]
     mount = args.workdir / "tmpfs"
     mount.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.disk_mb}m", "tmpfs", str(mount)], check=True)

@@ -29,7 +29,8 @@ def train(run_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.Comp
 @pytest.fixture(scope="module")
 def lift_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("train") / "lift"
-    train(run_dir, "task=lift", "budget.offline_eval_every=15", "budget.eval_every=40")
+    # planner.support: a search setting of its own, which evaluating its checkpoint must keep
+    train(run_dir, "task=lift", "budget.offline_eval_every=15", "budget.eval_every=40", "planner.support=0.75")
     return run_dir
 
 
@@ -156,6 +157,8 @@ def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):
                         f"hydra.run.dir={out_dir}"], check=True, capture_output=True, timeout=600, cwd=ROOT)
         result = json.loads((out_dir / "eval.json").read_text())
         assert result["planner"] == planner and result["num_episodes"] == 2
+        assert result["acting"]["sources"] == {"agent.sample_steps": "command line", "agent.best_of_n": "command line",
+                                               "agent.execute_steps": "checkpoint", "planner": "command line (planner=)"}
         assert result["policy"] == str(lift_run)
         # One seed convention: evaluate.py (seed=0) plays the episodes of the final evaluation of the run
         # it evaluates (trained with seed=0).
@@ -177,6 +180,9 @@ def test_evaluate_compares_actors_on_paired_episodes(lift_run, tmp_path):
         assert r["episodes"] == 4 and 0.0 <= lo <= r["success_rate"] <= hi <= 1.0 and r["ms_per_decision"] > 0
         assert r["mean_length"] <= 30
     assert result["search_gain"]["episodes"] == 4 and set(result["gains"]) == {"guard", "best_of_n", "qwm"}
+    # the search as the run trained with it, said and recorded
+    assert result["acting"]["planner"]["support"] == 0.75 and result["acting"]["sources"]["planner"] == "checkpoint"
+    assert "support=0.75 (checkpoint)" in proc.stdout
     digests = {name: [e["init_digest"] for e in r["per_episode"]] for name, r in result["actors"].items()}
     assert digests["none"] == digests["guard"] == digests["best_of_n"] == digests["qwm"]
     assert len(set(digests["none"])) == 4

@@ -1,5 +1,9 @@
 """`scripts/evaluate.py`: build env + policy from the config, run the episodes, write eval.json.
 
+A checkpoint acts as its run trained and reported it: with the run's own search settings and acting settings,
+unless the command line sets them; which ones it acts with, and where each came from, is printed and recorded
+in eval.json (`acting`).
+
 `compare=[none,best_of_n,qwm]` (with checkpoint=PATH) evaluates several actors of the same trained agent
 on paired episodes in one pass and prints a table of success rates, 95% intervals and paired gains.
 
@@ -47,8 +51,8 @@ def make_eval_policy(cfg: DictConfig, num_envs: int, action_dim: int, checkpoint
 
 
 def qwm_planner_config(planner_cfg: DictConfig) -> DictConfig:
-    """The QWM search settings to compare or diagnose with: `planner_cfg` itself when it is the qwm planner
-    (with the user's planner.* overrides), else conf/planner/qwm.yaml."""
+    """The QWM search settings to compare or diagnose with: `planner_cfg` itself when it is a qwm planner (the one
+    the checkpoint trained with, or the command line's), else conf/planner/qwm.yaml."""
     return planner_cfg if planner_cfg.name == "qwm" else OmegaConf.load(PLANNER_CONF / "qwm.yaml")
 
 
@@ -58,8 +62,8 @@ def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[
     none: the policy's own sample (best_of_n=1); qwm: QWM search; best_of_n: the best of the search's N
     policy samples by the search's critic score (the qwm planner at depth 0); guard: a random one of the N
     that the drift guard (and planner.support) lets through, no score at all (what the guard adds by itself,
-    so that a search gain over `guard` is the scores' own). The qwm settings are the run's `planner` when
-    planner=qwm (with any planner.* overrides), else conf/planner/qwm.yaml.
+    so that a search gain over `guard` is the scores' own). The qwm settings are the ones the checkpoint's run
+    trained with (with the command line's planner.* on top; planner=qwm: conf's), else conf/planner/qwm.yaml.
     The checkpoint's agent acts with cfg.agent's sample_steps; the searches discount by its train.gamma.
     """
     qwm = qwm_planner_config(cfg.planner)
@@ -83,9 +87,11 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     threads = apply_thread_policy(cfg.threads)
     print(describe(threads), flush=True)
     checkpoint = None
+    acting = None
     if cfg.get("checkpoint"):
         checkpoint = load_checkpoint(cfg.checkpoint, cfg.device)
-        cfg = _as_trained(cfg, checkpoint["config"], overrides)
+        cfg, acting = _as_trained(cfg, checkpoint["config"], overrides)
+        print(describe_acting(acting), flush=True)
     if cfg.compare and checkpoint is None:
         raise ValueError("compare=[...] compares actors of a trained agent: pass checkpoint=PATH")
     actors = compare_actors(cfg, checkpoint, list(cfg.compare)) if cfg.compare else None
@@ -108,6 +114,8 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     finally:
         env.close()
     result["task"], result["threads"] = cfg.task.name, threads
+    if acting is not None:
+        result["acting"] = acting
     if checkpoint is not None:  # where in its run the evaluated agent is (scripts/plot_evals.py orders by it)
         result.update(env_steps=checkpoint["env_steps"], offline_step=checkpoint["offline_step"])
     if libero:
@@ -138,11 +146,15 @@ def _journal_settings(cfg: DictConfig) -> dict:
             "acting": {k: cfg.agent[k] for k in ACTING_SETTINGS} if found else None}
 
 
-def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> DictConfig:
-    """cfg with what the checkpoint was trained with: the env must observe what the agent was trained
-    on, so task and observation settings come from it (task.* overrides on the command line, e.g.
-    task.horizon=30, still apply), and the agent acts with its trained acting settings (ACTING_SETTINGS)
-    unless the command line sets them (agent.sample_steps=4, agent.execute_steps=2)."""
+def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> tuple[DictConfig, dict]:
+    """cfg with what the checkpoint was trained with, and where each acting setting came from.
+
+    The env must observe what the agent was trained on, so task and observation settings come from the
+    checkpoint (task.* overrides on the command line, e.g. task.horizon=30, still apply). The agent acts as it
+    was trained and reported: through the run's own search settings (`planner`, with planner.* overrides of the
+    command line on top; `planner=NAME` on the command line picks conf/planner/NAME.yaml instead) and with its
+    acting settings (ACTING_SETTINGS) unless the command line sets them (agent.sample_steps=4, ...).
+    Returns (cfg, {"planner": the search settings, "sources": {setting: "checkpoint" | "command line" | ...}})."""
     keys = [o.split("=", 1)[0].lstrip("+") for o in overrides]
     asked = [o.split("=", 1)[1] for o, k in zip(overrides, keys) if k == "task"]
     if asked and asked[-1] != trained["task"]["name"]:
@@ -155,13 +167,35 @@ def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> Dic
                           f"may set only {', '.join('agent.' + k for k in ACTING_SETTINGS)}")
     # a checkpoint saved before a setting existed acts with the setting's default
     acting = {k: cfg.agent[k] if k in acting_asked else trained["agent"].get(k, cfg.agent[k]) for k in ACTING_SETTINGS}
+    sources = {f"agent.{k}": "command line" if k in acting_asked else "checkpoint" for k in ACTING_SETTINGS}
     try:
         check_execute_steps(acting["execute_steps"], trained["agent"]["action_horizon"])
     except ValueError as e:
         raise ConfigError(f"{e} (checkpoint={cfg.checkpoint})") from None
-    return OmegaConf.merge(cfg, {"task": trained["task"], "agent": acting, "env": {
+    planner, sources["planner"] = cfg.planner, "command line (planner=)"
+    if "planner" not in keys:
+        tweaks = OmegaConf.from_dotlist([o for o, k in zip(overrides, keys) if k.startswith("planner.")])
+        own = trained.get("planner") or {"name": "none"}
+        # planner.* settings for a run that trained without search: on conf's search, which it has none of its own
+        from_conf = own["name"] == "none" and bool(tweaks)
+        planner = OmegaConf.merge(OmegaConf.load(PLANNER_CONF / "qwm.yaml") if from_conf else own,
+                                  tweaks.get("planner", {}))
+        sources["planner"] = ("conf/planner/qwm.yaml (the run trained without search)" if from_conf else "checkpoint"
+                              ) + (f", {', '.join(tweaks.planner)} from the command line" if tweaks else "")
+    cfg = OmegaConf.merge(cfg, {"task": trained["task"], "agent": acting, "env": {
         k: trained["env"][k] for k in ("modality", "image_size")}},
         OmegaConf.from_dotlist([o for o in overrides if o.startswith("task.")]))
+    cfg.planner = planner
+    return cfg, {"planner": OmegaConf.to_container(planner, resolve=True), "sources": sources}
+
+
+def describe_acting(acting: dict) -> str:
+    """One line: the search and acting settings a checkpoint is evaluated with, and where each came from."""
+    planner = acting["planner"]
+    search = "no search (planner=none)" if planner["name"] == "none" else ", ".join(
+        f"{k}={planner[k]}" for k in ("num_actions", "depth", "drift_decay", "support") if k in planner)
+    settings = "; ".join(f"{k} from the {v}" for k, v in acting["sources"].items() if k != "planner")
+    return f"[eval] acting as trained: {search} ({acting['sources']['planner']}); {settings}"
 
 
 def print_table(result: dict) -> None:
