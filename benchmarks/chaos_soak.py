@@ -110,9 +110,8 @@ def loadable_checkpoints(run_dir: Path) -> dict:
 class Training:
     """scripts/train_qwm.py in its own process group, its output appended to run_dir's log."""
 
-    def __init__(self, run_dir: Path, overrides: list[str]):
-        self.run_dir, self.overrides, self.proc = run_dir, overrides, None
-        self.log = run_dir.parent / f"{run_dir.name}.log"
+    def __init__(self, run_dir: Path, overrides: list[str], log: Path):
+        self.run_dir, self.overrides, self.log, self.proc = run_dir, overrides, log, None
 
     def start(self, resume: bool) -> None:
         command = [sys.executable, str(ROOT / "scripts/train_qwm.py"), f"hydra.run.dir={self.run_dir}",
@@ -145,9 +144,9 @@ def newest_checkpoint(run_dir: Path) -> dict | None:
 
 
 def disturbed_run(run_dir: Path, overrides: list[str], faults: list[Fault], mount: Path, headroom: int,
-                  timeout_s: float) -> dict:
+                  timeout_s: float, log: Path) -> dict:
     """Train to the budget's end while applying `faults`; returns the restarts and crash resume points."""
-    training = Training(run_dir, overrides)
+    training = Training(run_dir, overrides, log)
     training.start(resume=False)
     start, pending = time.time(), list(faults)
     restarts, resume_points = [], []
@@ -184,9 +183,11 @@ def disturbed_run(run_dir: Path, overrides: list[str], faults: list[Fault], moun
                 restart("trainer SIGKILL")
             elif fault.kind == "sigterm":
                 training.proc.send_signal(signal.SIGTERM)
-                if (code := training.proc.wait(timeout=600)) != 128 + signal.SIGTERM:
+                # 143: stopped with a checkpoint; -15: SIGTERM's default end, before the run caught signals (its
+                # first seconds: imports and config checks, with nothing written yet)
+                if (code := training.proc.wait(timeout=600)) not in (128 + signal.SIGTERM, -signal.SIGTERM):
                     raise RuntimeError(f"SIGTERM ended the run with {code}, not 143; see {training.log}")
-                restart("SIGTERM")
+                restart(f"SIGTERM (exit {code})")
             elif fault.kind == "disk_full":
                 filler = mount / "filler"
                 free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
@@ -241,7 +242,7 @@ def main() -> None:
     try:
         faults = fault_schedule(args.minutes, args.schedule_seed, args.worker_kills, args.trainer_kills)
         soak = disturbed_run(mount / "disturbed", overrides, faults, mount, args.headroom_kb * 1024,
-                             timeout_s=args.minutes * 60 * 4)
+                             timeout_s=args.minutes * 60 * 4, log=args.workdir / "disturbed.log")
         disturbed = mount / "disturbed"
         state = torch.load(sorted((disturbed / "checkpoints").glob("step_*.pt"))[-1], weights_only=False)
         buffer = load_buffer(disturbed, state)
@@ -256,14 +257,13 @@ def main() -> None:
         }
         calm = args.workdir / "undisturbed"
         if not (calm / "eval.json").exists():  # a finished one of an earlier soak with these settings is reused
-            training = Training(calm, overrides)
+            training = Training(calm, overrides, args.workdir / "undisturbed.log")
             training.start(resume=(calm / "checkpoints").exists())
             if training.proc.wait() != 0:
                 raise RuntimeError(f"the undisturbed run failed; see {training.log}")
         success = {name: evaluate(d, args.episodes, args.workdir / f"eval_{name}")
                    for name, d in (("disturbed", disturbed), ("undisturbed", calm))}
         shutil.copytree(disturbed, args.workdir / "disturbed", dirs_exist_ok=True)  # the tmpfs goes below
-        shutil.copy(mount / "disturbed.log", args.workdir / "disturbed.log")
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
     applied = [f for f in faults if f.applied_s is not None]

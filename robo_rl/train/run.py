@@ -61,14 +61,20 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
     if rank == 0:
         hold_run_dir(run_dir)  # one writer per run directory; a live run's directory is refused here
     try:
-        return _run(cfg, run_dir, online, rank, world, threads, started)
+        with GracefulStop() as stop:  # SIGINT / SIGTERM: a checkpoint at the next step boundary, then StopRequested
+            return _run(cfg, run_dir, online, rank, world, threads, started, stop)
+    except StopRequested as stopped:
+        raise StopRequested(stopped.signum, f"{stopped}; continue the run with the same command plus resume=true "
+                                            f"hydra.run.dir={run_dir}") from None
     finally:
         if rank == 0:
             release_run_dir(run_dir)
 
 
-def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, threads: dict, started: float) -> dict:
-    """`run` in a run directory this process holds (rank 0), with the thread policy applied."""
+def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, threads: dict, started: float,
+         stop: GracefulStop) -> dict:
+    """`run` in a run directory this process holds (rank 0), with the thread policy applied; a signal that `stop`
+    caught ends training at its next step boundary, or the final evaluation at once."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(distributed.rank_seed(cfg.seed))
     spec = env_spec(cfg, render=True)
@@ -117,16 +123,16 @@ def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, th
                               resume_offline_step=progress.offline_step,
                               no_search_actor=f"critic best-of-{best_of_n}" if best_of_n > 1 else "policy")
 
-        with GracefulStop() as stop:  # SIGINT / SIGTERM: a checkpoint at the next step boundary, then StopRequested
-            trainer: Trainer = OfflineTrainer(cfg, agent, buffer, logger, run_dir, progress, curve, stop)
+        trainer: Trainer = OfflineTrainer(cfg, agent, buffer, logger, run_dir, progress, curve, stop)
+        trainer.train()
+        if online:
+            trainer = OnlineTrainer(cfg, env, agent, buffer, logger, run_dir, progress, curve, stop, continuation)
             trainer.train()
-            if online:
-                trainer = OnlineTrainer(cfg, env, agent, buffer, logger, run_dir, progress, curve, stop, continuation)
-                trainer.train()
-    except StopRequested as stopped:
+        # training is checkpointed to its end: a signal from here on stops at once (a resume evaluates again)
+        stop.stop_at_once()
+    except StopRequested:
         logger.close()
-        raise StopRequested(stopped.signum, f"{stopped}; continue the run with the same command plus resume=true "
-                                            f"hydra.run.dir={run_dir}") from None
+        raise
     finally:
         if env is not None:
             env.close()

@@ -48,6 +48,12 @@ class GracefulStop:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
+    def stop_at_once(self) -> None:
+        """From now on the first signal raises StopRequested at once; a signal caught before raises it now."""
+        self.at_once = True
+        if self.signum is not None:
+            raise StopRequested(self.signum, f"stopped by {signal.Signals(self.signum).name}")
+
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.signum is not None:  # the second signal: its default action, now
