@@ -1,13 +1,17 @@
-"""Scripted experts for robosuite tasks and LIBERO-Object, batched over envs, with noise for demo diversity.
+"""Scripted experts for robosuite tasks, LIBERO-Object and LIBERO-10, batched over envs, with noise for demo diversity.
 
-Each expert maps a batch of observations (robomimic keys, or LIBERO's for LIBERO-Object; numpy or torch
+Each expert maps a batch of observations (robomimic keys, or LIBERO's for LIBERO suites; numpy or torch
 [B, ...]) to OSC_POSE delta actions [B, 7] in [-1, 1]: position (±1 = ±5 cm per step), axis-angle rotation, gripper
-(-1 open, +1 closed). Experts keep a per-env phase, so call `reset(env_ids)` when episodes start.
+(-1 open, +1 closed). Experts keep a per-env phase, so call `reset(env_ids)` when episodes start. LIBERO-10's
+expert strings skills together as each task's goal says (robo_rl/demos/libero_tasks.py).
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
+from robo_rl.demos.libero_tasks import LiberoGoalExpert
 from robo_rl.demos.pick_place import PickPlaceExpert, as_numpy, quat_from_axis_angle
 from robo_rl.envs.libero import OBJECT_FEATURES
 
@@ -80,7 +84,8 @@ class LiberoObjectExpert(PickPlaceExpert):
         return grasp
 
 
-EXPERTS = {"lift": LiftExpert, "can": CanExpert, "square": SquareExpert, "libero_object": LiberoObjectExpert}
+EXPERTS = {"lift": LiftExpert, "can": CanExpert, "square": SquareExpert, "libero_object": LiberoObjectExpert,
+           "libero_10": partial(LiberoGoalExpert, suite="libero_10")}
 
 
 def make_expert(task_cfg, num_envs: int, noise: float = 0.0, seed: int = 0):

@@ -83,6 +83,7 @@ class PickPlaceExpert:
     hold_upright = False                    # undo the hand's tilt (Can reaches its bin's far corner only tilted)
     hover_heights = (0.06, 0.10)            # the range each episode draws its height above the grasp point from
     min_grip = 0.01                         # finger opening (m) below which the fingers hold nothing
+    approach_opening: float | None = None   # finger opening (m) while coming down on the object; None: wide open
 
     def __init__(self, num_envs: int, noise: float = 0.0, seed: int = 0):
         self.num_envs, self.noise = num_envs, noise
@@ -172,6 +173,12 @@ class PickPlaceExpert:
         action[:, 5] = np.clip(2.0 * yaw_error, -1, 1)
         closed = (self.phase >= self.GRASP) & (self.phase <= self.LOWER)
         action[:, 6] = np.where(closed, 1.0, -1.0)
+        if self.approach_opening is not None:
+            # The gripper moves its fingers a fixed step per control step in the sign of the command, and holds
+            # them at 0: open or close towards the opening, hold within 5 mm of it.
+            opening_error = finger_qpos[:, 0] - finger_qpos[:, 1] - self.approach_opening
+            approaching = self.phase <= self.DESCEND
+            action[approaching, 6] = np.where(np.abs(opening_error) < 0.005, 0.0, np.sign(opening_error))[approaching]
 
         self._next_phase(delta, yaw_error, eef, finger_qpos)
         if self.noise > 0:
@@ -194,7 +201,7 @@ class PickPlaceExpert:
         self.last_grip = grip
         reached = np.linalg.norm(delta, axis=1) < 0.03  # loose: carrying a load leaves a steady-state error
         over_target = (np.linalg.norm(delta[:, :2], axis=1) < self.place_tolerance) & (np.abs(yaw_error) < 0.05)
-        self.done = (self.phase == self.RETREAT) & reached
+        self.done = (self.phase == self.RETREAT) & (reached | (settled & (self.timer >= 10)))  # or as high as it goes
         advance = (
             ((self.phase == self.HOVER) & (np.linalg.norm(delta[:, :2], axis=1) < 0.01) & (np.abs(delta[:, 2]) < 0.02)
              & settled)
