@@ -88,6 +88,9 @@ class Grasp:
     min_grip: float = 0.01           # finger opening below which the fingers hold nothing
     opening: float | None = None     # finger opening while coming down (m; None: wide open, 8 cm)
     hover_heights: tuple[float, float] = (0.06, 0.10)
+    # (offset, yaw) pairs tried in turn, as `offset` and `yaw` are, after fingers close on nothing (a neighbour
+    # kept the hand off the object)
+    fallbacks: tuple[tuple[tuple[float, float, float], float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ class PickPlaceSkill(PickPlaceExpert):
     def __init__(self, object_slot: int, grasp: Grasp, spot: Spot, carry_height: float, tolerance: float = 0.01,
                  seed: int = 0):
         self.object_slot, self.grasp, self.spot = object_slot, grasp, spot
-        self.grasp_offset = np.asarray(grasp.offset)
+        self.attempt = 0
+        self.grasp_offset, self.grasp_turn = np.asarray(grasp.offset), grasp.yaw
         self.grasp_symmetry, self.min_grip, self.hover_heights = grasp.symmetry, grasp.min_grip, grasp.hover_heights
         self.approach_opening = grasp.opening
         self.carry_height, self.place_tolerance = carry_height, tolerance
@@ -153,7 +157,15 @@ class PickPlaceSkill(PickPlaceExpert):
 
     def _grasp_yaw(self, obj_quat: np.ndarray) -> np.ndarray:
         heading = np.zeros(len(obj_quat)) if self.grasp.round else yaw_from_quat_xyzw(obj_quat)
-        return heading + self.grasp.yaw
+        return heading + self.grasp_turn
+
+    def _next_phase(self, delta: np.ndarray, yaw_error: np.ndarray, eef: np.ndarray, finger_qpos: np.ndarray) -> None:
+        """As PickPlaceExpert's; a grasp that closed on nothing is tried again the grasp's next way."""
+        closed = (self.phase >= self.GRASP) & (self.phase <= self.LOWER)
+        super()._next_phase(delta, yaw_error, eef, finger_qpos)
+        if closed[0] and self.phase[0] == self.HOVER and self.grasp.fallbacks:
+            offset, self.grasp_turn = self.grasp.fallbacks[self.attempt % len(self.grasp.fallbacks)]
+            self.grasp_offset, self.attempt = np.asarray(offset), self.attempt + 1
 
     def _yaw_error(self, obj_quat: np.ndarray, eef_quat: np.ndarray) -> np.ndarray:
         """As PickPlaceExpert's, turning whichever way keeps the last joint in its range."""
