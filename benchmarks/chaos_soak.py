@@ -170,13 +170,13 @@ def disturbed_run(run_dir: Path, overrides: list[str], faults: list[Fault], moun
             if code == 0:
                 break
             raise RuntimeError(f"the run exited with {code} without a fault asking it to; see {training.log}")
-        if pending and time.time() - start >= pending[0].at_s:
-            fault = pending[0]
+        workers = training.workers()
+        # the earliest fault that is due and can be applied: a worker kill waits for a worker (the offline phase
+        # has none) while the faults behind it go ahead
+        due = [f for f in pending if time.time() - start >= f.at_s and (f.kind != "worker_kill" or workers)]
+        if due:
+            fault = due[0]
             if fault.kind == "worker_kill":
-                workers = training.workers()
-                if not workers:  # offline phase or between envs: try again shortly
-                    time.sleep(1.0)
-                    continue
                 random.Random(len(pending)).choice(workers).kill()
             elif fault.kind == "trainer_kill":
                 training.kill_group()
@@ -200,7 +200,7 @@ def disturbed_run(run_dir: Path, overrides: list[str], faults: list[Fault], moun
                     raise RuntimeError(f"the full disk ended the run with {code}, not 2; see {training.log}")
                 restart("disk full")
             fault.applied_s = round(time.time() - start, 1)
-            pending.pop(0)
+            pending.remove(fault)
         time.sleep(0.5)
     return {"restarts": restarts, "resume_points": resume_points, "wall_s": round(time.time() - start, 1),
             "unapplied": [asdict(f) for f in pending]}

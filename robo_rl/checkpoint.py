@@ -27,6 +27,7 @@ compare=[...]` evaluates any point of a run again, on as many paired episodes as
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
 from collections.abc import Mapping
@@ -212,9 +213,11 @@ def _save_atomically(state: dict, path: Path) -> None:
     """torch.save to a temp file, then rename: a crash leaves the old file or none, never a torn one, and a write
     that fails leaves no temp file behind."""
     tmp = path.with_suffix(".pt.tmp")
-    try:
-        with tmp.open("wb") as f:  # through a Python file: a failed write is an OSError with its errno (ENOSPC)
-            torch.save(state, f)
+    data = io.BytesIO()
+    torch.save(state, data)  # in memory first: torch's own file writer turns a failed write (ENOSPC) into a
+    try:                     # RuntimeError without its errno; Python's write raises the OSError itself
+        with tmp.open("wb") as f:
+            f.write(data.getbuffer())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
