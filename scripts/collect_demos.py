@@ -1,8 +1,10 @@
 """Scripted demos: `python scripts/collect_demos.py task=lift num_demos=50 output=PATH`.
 
-robosuite tasks: one robomimic HDF5 file at output=PATH. LIBERO suites (task=libero_object): num_demos
-demos of each task, one LIBERO HDF5 file per task in the folder output=DIR (named as LIBERO names its
-files; a task whose file is there is skipped), which `dataset=DIR` trains on.
+robosuite tasks: one robomimic HDF5 file at output=PATH. LIBERO suites (task=libero_object, task=libero_10):
+num_demos demos of each task, one LIBERO HDF5 file per task in the folder output=DIR (named as LIBERO names its
+files; a task whose file is there is skipped), which `dataset=DIR` trains on; they start from random placements
+(env seeds), not from the evaluation's init states. LIBERO suites default to env=image; env=state collects the
+state observation (object poses, goal regions, articulated joints; robo_rl/envs/libero.py).
 Options: env=image (camera obs), noise=0.1 (action noise for diversity), seed=0. Only successful
 episodes are kept (keep_failures=true: every attempt, failed ones without a terminal step); the expert's
 success rate is printed and stored as the attr `expert_success_rate` of the file's `data` group.

@@ -1,5 +1,6 @@
 """Skills a LIBERO task expert strings together, each a phase machine for one env over LIBERO's state observation
-(`object`, `ee_states`, `gripper_states`; robo_rl/envs/libero.py lays out `object`): pick an object and place it
+(`object`, `ee_states`, `gripper_states`, `joint_states`; robo_rl/envs/libero.py lays out `object`): pick an object
+and place it
 (`PickPlaceSkill`, the shared pick-and-place phase machine), turn a knob (`TwistKnobSkill`), push a drawer or a door
 closed (`PushClosedSkill`).
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from scipy.spatial.transform import Rotation
 
 from robo_rl.core import ACTION_DIM
@@ -29,11 +29,11 @@ LIBERO_OBS_KEYS = ("object", "ee_states", "gripper_states", "joint_states")
 WRIST_LIMIT = 2.6
 
 
-def wrist_safe_turn(turn: np.ndarray, wrist: np.ndarray, period: float | np.ndarray, reserve: float = 0.0) -> np.ndarray:
+def wrist_safe_turn(turn: np.ndarray, wrist: np.ndarray, period: float | np.ndarray,
+                    reserve: float = 0.0) -> np.ndarray:
     """The turn of the hand about world z [B] among `turn` [B] + k·period (period: one, or [B]) that is smallest
-    while the last joint
-    (`wrist` [B], rad) stays within WRIST_LIMIT less `reserve` (kept for a turn to come, in the joint's
-    negative direction); where none does, the one that leaves the joint nearest its middle."""
+    while the last joint (`wrist` [B], rad) stays within WRIST_LIMIT less `reserve` (kept for a turn to come, in
+    the joint's negative direction); where none does, the one that leaves the joint nearest its middle."""
     candidates = turn[:, None] + np.reshape(period, (-1, 1)) * np.arange(-2, 3)[None, :]  # [B, 5]
     after = wrist[:, None] - candidates
     fits = (after < WRIST_LIMIT) & (after > -WRIST_LIMIT + reserve)
@@ -159,7 +159,8 @@ class PickPlaceSkill(PickPlaceExpert):
         heading = np.zeros(len(obj_quat)) if self.grasp.round else yaw_from_quat_xyzw(obj_quat)
         return heading + self.grasp_turn
 
-    def _next_phase(self, delta: np.ndarray, yaw_error: np.ndarray, eef: np.ndarray, finger_qpos: np.ndarray) -> None:
+    def _next_phase(self, delta: np.ndarray, yaw_error: np.ndarray, eef: np.ndarray,
+                    finger_qpos: np.ndarray) -> None:
         """As PickPlaceExpert's; a grasp that closed on nothing is tried again the grasp's next way."""
         closed = (self.phase >= self.GRASP) & (self.phase <= self.LOWER)
         super()._next_phase(delta, yaw_error, eef, finger_qpos)
@@ -190,10 +191,10 @@ class TwistKnobSkill:
     Done at once where the knob is on already."""
 
     HOVER, DESCEND, GRASP, TWIST, RELEASE, RETREAT = range(6)
-    hover_height = 0.15  # over the ridge, and clear of what stands beside the knob when leaving
-    turn_past = 0.35     # rad beyond on_angle: the knob springs back a little when let go
-    twist_speed = 0.5    # action (x 0.5 rad per step)
-    max_twist_steps = 40  # a twist that turns nothing (fingers slipped off the ridge) starts over
+    hover_height = 0.15   # over the ridge, and clear of what stands beside the knob when leaving
+    turn_past = 0.35      # rad beyond on_angle, a margin: the knob stays where it is let go
+    twist_speed = 0.5     # action (x 0.5 rad per step)
+    max_twist_steps = 40  # a twist that turns nothing (fingers slipped off the ridge) lets go and starts over
 
     def __init__(self, fixture_slot: int, joint_slot: int, knob: Knob):
         self.fixture_slot, self.joint_slot, self.knob = fixture_slot, joint_slot, knob
@@ -201,6 +202,7 @@ class TwistKnobSkill:
         self.last_eef = np.full(3, np.nan)
 
     def act(self, obs: dict) -> np.ndarray:
+        """OSC_POSE action [1, 7] for one env's observation ([1, ...] arrays); advances the phase."""
         view = LiberoView.of(obs)
         angle = view.joints[0, self.joint_slot]
         if self.phase == self.HOVER and angle >= self.knob.on_angle:
@@ -213,8 +215,8 @@ class TwistKnobSkill:
             target[:, 2] += self.hover_height
         delta = target - eef
         ridge_heading = fixture_yaw + self.knob.ridge_yaw + angle
-        yaw_error = wrist_safe_turn(wrap(ridge_heading - yaw_from_quat_xyzw(view.eef_quat), np.pi), view.wrist, np.pi,
-                                    reserve=self.knob.on_angle + self.turn_past)
+        yaw_error = wrap(ridge_heading - yaw_from_quat_xyzw(view.eef_quat), np.pi)
+        yaw_error = wrist_safe_turn(yaw_error, view.wrist, np.pi, reserve=self.knob.on_angle + self.turn_past)
 
         action = np.zeros((1, ACTION_DIM))
         action[:, :3] = np.clip(delta * POS_GAIN, -1, 1)
@@ -237,7 +239,8 @@ class TwistKnobSkill:
             self.RETREAT: np.linalg.norm(delta[0]) < 0.03,
         }[self.phase]
         if advance:
-            self.phase, self.timer = self.phase + 1, 0
+            retry = self.phase == self.RELEASE and angle < self.knob.on_angle  # let go of a knob still off
+            self.phase, self.timer = (self.HOVER if retry else self.phase + 1), 0
             self.done[:] = self.phase > self.RETREAT
         elif self.phase == self.TWIST and self.timer > self.max_twist_steps:
             self.phase, self.timer = self.RELEASE, 0
@@ -301,8 +304,8 @@ class Door:
         along = np.stack([np.cos(position), np.sin(position), np.zeros_like(position)], axis=1)
         normal = np.stack([np.sin(position), -np.cos(position), np.zeros_like(position)], axis=1)
         local = np.asarray(self.hinge) + self.radius * along + self.face * normal
-        return (view.objects[:, fixture, :3] + rotate_yaw(yaw, local), rotate_yaw(yaw, normal), yaw + position + np.pi / 2,
-                np.zeros_like(position))
+        point = view.objects[:, fixture, :3] + rotate_yaw(yaw, local)
+        return point, rotate_yaw(yaw, normal), yaw + position + np.pi / 2, np.zeros_like(position)
 
 
 class PushClosedSkill:
@@ -322,13 +325,15 @@ class PushClosedSkill:
         self.last_eef = np.full(3, np.nan)
 
     def act(self, obs: dict) -> np.ndarray:
+        """OSC_POSE action [1, 7] for one env's observation ([1, ...] arrays); advances the phase."""
         view = LiberoView.of(obs)
         position = view.joints[:, self.joint_slot]
         closed = position[0] >= self.part.closed
         if self.phase == self.HOVER and closed:
             self.done[:] = True
         ahead = np.minimum(position + self.lead, self.part.push_to) if self.phase == self.PUSH else position
-        point, normal, heading, pitch = self.part.contact(view, self.region_slot, self.joint_slot, self.fixture_slot, ahead)
+        point, normal, heading, pitch = self.part.contact(view, self.region_slot, self.joint_slot, self.fixture_slot,
+                                                          ahead)
         off = self.finger + (self.standoff if self.phase != self.PUSH else 0.0)
         target = point + off * normal
         if self.phase in (self.HOVER, self.RETREAT):
