@@ -197,7 +197,7 @@ def _pair_size(checkpoint: Path) -> int:
 
 
 def _megabytes(size: int | None) -> str:
-    return "an unknown size" if size is None else f"{size / 2**20:,.0f} MB"
+    return "an unknown size" if size is None else f"{size / 2**20:,.1f} MB"
 
 
 def save_curve_checkpoint(run_dir: str | Path, step: int, snapshot: dict) -> Path:

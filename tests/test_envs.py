@@ -139,3 +139,21 @@ def test_libero_10_image_obs_language_and_init_states():
         assert torch.equal(again, first), "same init state must reproduce the same first frame"
         other = env.reset(seed=0, options=[{"init_state_id": 7}, {"init_state_id": 7}])["agentview_rgb"]
         assert not torch.equal(other, first)
+
+
+def test_worker_that_dies_while_starting_is_replaced_again(lift_spec, monkeypatch):
+    from robo_rl.envs import vector
+
+    real_init = vector._ProcessWorker.__init__
+    deaths = iter([True, True])  # env 1's first two workers die before their env is built
+
+    def dying_init(self, *args):
+        real_init(self, *args)
+        if next(deaths, False):
+            self.process.kill()
+
+    monkeypatch.setattr(vector._ProcessWorker, "__init__", dying_init)
+    with VecEnv(lift_spec, 2, workers="subprocess", inline_envs=1) as env:
+        assert env.num_restarts == 2
+        env.reset(seed=0)
+        assert not env.step(np.zeros((2, 7))).lost.any()

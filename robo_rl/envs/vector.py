@@ -136,6 +136,9 @@ class WorkerDied(RuntimeError):
     pass
 
 
+START_ATTEMPTS = 5  # fresh workers for one env that may die in a row before their env is built, before giving up
+
+
 class _InlineWorker:
     def __init__(self, spec: EnvSpec, index: int, num_envs: int):
         self.runner = EnvRunner(spec, index, num_envs)
@@ -257,18 +260,26 @@ class VecEnv:
         for i, w in enumerate(workers):
             try:
                 w.recv(self.reset_timeout)
-            except WorkerDied:  # killed while building its scene: one more try, as for a running worker
+            except WorkerDied:  # killed while building its scene: replaced, as a running worker is
                 self._replace_worker(workers, i, "died while starting")
         return workers
 
     def _replace_worker(self, workers: list, i: int, why: str) -> None:
-        """Kill env i's worker in `workers` and wait for a fresh one to build its env; counted and logged."""
-        print(f"[env] worker of env {i} (pid {getattr(workers[i], 'pid', None)}) {why}; restarting it "
-              f"({self.num_restarts + 1} restart(s) so far)", file=sys.stderr, flush=True)
-        workers[i].kill()
-        workers[i] = _ProcessWorker(self.spec, i, self.num_envs)
-        workers[i].recv(self.reset_timeout)
-        self.num_restarts += 1
+        """Kill env i's worker in `workers` and wait for a fresh one to build its env; counted and logged. A fresh
+        one that dies before its env is built is replaced too, up to START_ATTEMPTS times in a row."""
+        for _ in range(START_ATTEMPTS):
+            print(f"[env] worker of env {i} (pid {getattr(workers[i], 'pid', None)}) {why}; restarting it "
+                  f"({self.num_restarts + 1} restart(s) so far)", file=sys.stderr, flush=True)
+            workers[i].kill()
+            workers[i] = _ProcessWorker(self.spec, i, self.num_envs)
+            self.num_restarts += 1
+            try:
+                workers[i].recv(self.reset_timeout)
+                return
+            except WorkerDied as e:
+                why = f"died while starting ({e})"
+        raise WorkerDied(f"env {i}'s worker died {START_ATTEMPTS} times in a row before its env was built; the last: "
+                         f"{why}")
 
     # -- metadata ------------------------------------------------------------------------------
     @property
