@@ -11,9 +11,11 @@ the way the run that trained it built it (robomimic's `policy_from_checkpoint` i
 The search discounts with the critic's discount, `train.gamma` (of the run, or of the checkpoint's config).
 
 A checkpoint, `checkpoints/step_XXXXXXXX.pt` under the run directory, is the dict `training_state` makes:
-    {"agent", "optimizer", "rng", "config", "obs_shapes", "num_tasks", "phase", "offline_step", "env_steps"}
+    {"agent", "optimizer", "rng", "config", "obs_shapes", "num_tasks", "phase", "offline_step", "env_steps",
+     "lost_steps"}
 and an online checkpoint also {"buffer": {"file": "buffer_XXXXXXXX.h5", "write_counts": [...]}}: its own
-replay buffer, saved beside it. Every file is written atomically (temp file, then rename) and the buffer
+replay buffer, saved beside it; one written when a signal stopped the run also holds "continuation", the
+episodes in progress a resumed run carries on (robo_rl/train/online.py). Every file is written atomically (temp file, then rename) and the buffer
 before the checkpoint that names it, so a crash at any moment leaves the newest complete checkpoint with
 exactly its own buffer; files of a torn save are ignored and pruned. The newest two are kept.
 

@@ -1,5 +1,6 @@
 """The online loop: one thread policy for every process, and env stepping overlapped with learning that stores
 exactly what lockstep stores."""
+import copy
 import json
 import os
 import signal
@@ -59,6 +60,12 @@ class ScriptedActor:
 
     def reset(self, env_ids) -> None:
         self.expert.reset(np.asarray(list(env_ids), dtype=np.int64))
+
+    def state_dict(self) -> dict:  # checkpoints hold the actor's per-env state (its phases here)
+        return copy.deepcopy(vars(self.expert))
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self.expert).update(copy.deepcopy(state))
 
 
 def online_transitions(tmp_path: Path, overlap: bool) -> tuple[list, dict]:

@@ -257,8 +257,10 @@ def test_resume_after_kill_continues_from_last_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_libero_10_smoke_run_from_scratch(tmp_path):
     run_dir = tmp_path / "libero"
-    # chunks of 5: with no demos the first updates must wait for an episode with 5 steps
-    out = train(run_dir, "task=libero_10", "task.task_ids=[0,1]", "task.horizon=15", "env.image_size=64",
+    # task.expert=null: no scripted demos (tests/test_libero_10.py covers them); chunks of 5: with no demos
+    # the first updates must wait for an episode with 5 steps
+    out = train(run_dir, "task=libero_10", "task.expert=null", "task.task_ids=[0,1]", "task.horizon=15",
+                "env.image_size=64",
                 "budget.online_steps=40", "budget.batch_size=16", "agent.action_horizon=5", "train.nstep=1").stdout
     assert "starting online from scratch" in out
     result = json.loads((run_dir / "eval.json").read_text())
