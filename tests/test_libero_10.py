@@ -48,6 +48,8 @@ def test_state_variant_observes_goal_regions_and_articulated_joints():
         obs = env.reset(options=[{"task_id": 3, "init_state_id": 0}])  # the bowl into the bottom drawer, close it
         libero = env.workers[0].runner.env._robosuite_env
         assert obs["object"].shape == (1, OBJECT_OBS_DIM)
+        assert libero.sim.model._model.narena == 64 * 2**20  # MUJOCO_ARENA, not robosuite's 1.26 GB
+        assert libero.sim._render_context_offscreen is None  # state obs, no video: no renderer, ~0.5 GB less
         sim, address = libero.sim, libero.sim.model.get_joint_qpos_addr("white_cabinet_1_bottom_level")
         sim.data.qpos[address] = -0.05  # part-closed: the region rides on the drawer, the joint reads it
         sim.forward()

@@ -44,6 +44,11 @@ REGIONS_START = OBJECT_SLOTS * OBJECT_FEATURES          # where the regions begi
 JOINTS_START = REGIONS_START + REGION_SLOTS * REGION_FEATURES
 OBJECT_OBS_DIM = JOINTS_START + JOINT_SLOTS              # 54
 UNARY_PREDICATES = ("turnon", "turnoff", "open", "close")  # the goal predicates of one articulated part
+# MuJoCo's arena (contacts, constraints, solver stack) per env. robosuite's base.xml asks for njmax = nconmax =
+# 5000, which MuJoCo 3 turns into a 1.26 GB arena in every env; LIBERO-10's most cluttered scene uses 6.5 MB of it
+# at most (maxuse_arena over an expert episode of task 4), and the same episodes run step for step alike with 64 MB.
+# ~0.5 GB less per env worker: 8 training envs beside an evaluation's own no longer exhaust 24 GB.
+MUJOCO_ARENA = "64M"
 
 
 @dataclass(frozen=True)
@@ -153,10 +158,28 @@ def _quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
     return (quat_xyzw[:3] * 2.0 * np.arccos(w) / den).astype(np.float32)
 
 
+def _bound_mujoco_arena() -> None:
+    """Every robosuite world this process builds from now on asks for MUJOCO_ARENA (robosuite has no option for it:
+    its worlds start from base.xml; LIBERO's scenes are such worlds)."""
+    from robosuite.models.world import MujocoWorldBase
+
+    if getattr(MujocoWorldBase, "_robo_rl_arena", None) == MUJOCO_ARENA:
+        return
+    build = MujocoWorldBase.__init__
+
+    def __init__(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        self.root.find("size").attrib = {"memory": MUJOCO_ARENA}
+
+    MujocoWorldBase.__init__ = __init__
+    MujocoWorldBase._robo_rl_arena = MUJOCO_ARENA
+
+
 class LiberoEnv(SimEnv):
     """Gym-like single env. `step` returns (obs, reward, terminated, truncated, success)."""
 
     def __init__(self, spec: EnvSpec, env_index: int = 0):
+        _bound_mujoco_arena()
         self.spec = spec
         self.suite = load_suite(spec.env_name)
         self.env = None
@@ -166,19 +189,22 @@ class LiberoEnv(SimEnv):
 
     def _build(self, task_id: int) -> None:
         from libero.libero import get_libero_path
-        from libero.libero.envs import OffScreenRenderEnv
+        from libero.libero.envs.env_wrapper import ControlEnv
 
         if self.env is not None:
             self.env.close()
         task = self.suite.get_task(task_id)
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
         cameras = list(self.spec.cameras) or ["agentview"]
-        self.env = OffScreenRenderEnv(
+        # LIBERO's OffScreenRenderEnv is this env with a renderer always on: ~0.5 GB more per env where nothing is
+        # rendered (state obs, no video)
+        self.env = ControlEnv(
             bddl_file_name=bddl,
             camera_names=cameras,
             camera_heights=self.spec.image_size,
             camera_widths=self.spec.image_size,
             use_camera_obs=bool(self.spec.rgb_keys),
+            has_renderer=False,
             has_offscreen_renderer=bool(self.spec.rgb_keys) or self.spec.render_size > 0,
             **self.spec.env_kwargs,
         )

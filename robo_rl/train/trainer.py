@@ -17,6 +17,7 @@ from robo_rl.agents.sorl import SORLAgent
 from robo_rl.checkpoint import agent_snapshot, build_actor, save_checkpoint, save_curve_checkpoint, training_state
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.envs import make_vec_env
+from robo_rl.envs.memory import envs_that_fit
 from robo_rl.eval.rollout import eval_seed, evaluate_actors
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger
@@ -128,7 +129,12 @@ class Trainer:
         Returns evaluate_actors' dict."""
         cfg = self.cfg
         planners = {"none": None, cfg.planner.name: cfg.planner}
-        env = make_vec_env(cfg, render=videos > 0, autoreset=False)
+        # beside the training envs: as many envs as memory holds (LIBERO's take ~2 GB each)
+        num_envs = envs_that_fit(cfg.env.num_envs, getattr(self.env, "pids", []))
+        if num_envs < cfg.env.num_envs:
+            print(f"[eval] {tag}: {num_envs} of env.num_envs={cfg.env.num_envs} envs fit in memory beside the "
+                  "training envs", flush=True)
+        env = make_vec_env(cfg, num_envs, render=videos > 0, autoreset=False)
         try:
             policies = {a: build_actor(self.agent, planners[a], cfg.train.gamma, cfg.seed) for a in actors or self.actors}
             result = evaluate_actors(env, policies, cfg.budget.eval_episodes, seed=eval_seed(cfg.seed),
