@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -192,6 +193,27 @@ def test_sigterm_mid_online_checkpoints_and_resumes_to_the_same_transitions(tmp_
     assert a.num_online == b.num_online == 200
     for name, array in a._online.arrays().items():  # every transition, in order, episode boundaries included
         np.testing.assert_array_equal(array, b._online.arrays()[name], err_msg=name)
+
+
+def test_sigterm_during_an_evaluation_stops_it_at_once_with_a_checkpoint(tmp_path):
+    # 2000 episodes per evaluation: the offline start's takes minutes, which the signal must not wait for
+    run = start("train_qwm.py", tmp_path / "run", *SMOKE, f"demo_cache={tmp_path / 'demos'}", "budget.eval_episodes=2000")
+    output = {"out": [], "err": []}
+    readers = [threading.Thread(target=lambda s=s, k=k: output[k].extend(iter(lambda: s.read(256), "")))
+               for k, s in (("out", run.stdout), ("err", run.stderr))]
+    for reader in readers:
+        reader.start()
+    wait_for(lambda: "eval:" in "".join(output["err"]))  # its progress bar: episodes are playing
+    run.send_signal(signal.SIGTERM)
+    run.wait(timeout=120)
+    for reader in readers:
+        reader.join()
+    err = "".join(output["err"])
+    assert run.returncode == 143, err[-3000:]
+    assert "during the evaluation 'offline' (not scored)" in err and "resume=true" in err
+    assert not (tmp_path / "run" / "offline_eval.json").exists()
+    state = load_checkpoint(tmp_path / "run")  # pretraining is done and kept; no online step yet
+    assert state["offline_step"] > 0 and state["env_steps"] == 0
 
 
 @pytest.mark.parametrize("failing", ["buffer", "checkpoint"])

@@ -126,7 +126,8 @@ class Trainer:
     def eval(self, tag: str, actors: list[str] | None = None, videos: int = 0) -> dict:
         """`budget.eval_episodes` paired episodes of the current agent as each of `actors` (default
         `self.actors`) in one pass; the first `videos` of them as mp4 under run_dir/videos/tag.
-        Returns evaluate_actors' dict."""
+        Returns evaluate_actors' dict. A signal during it stops it at once with a checkpoint (StopRequested); a
+        resumed online run then ends the episodes the training envs were in, as after a crash."""
         cfg = self.cfg
         planners = {"none": None, cfg.planner.name: cfg.planner}
         # beside the training envs: as many envs as memory holds (LIBERO's take ~2 GB each)
@@ -137,9 +138,16 @@ class Trainer:
         env = make_vec_env(cfg, num_envs, render=videos > 0, autoreset=False)
         try:
             policies = {a: build_actor(self.agent, planners[a], cfg.train.gamma, cfg.seed) for a in actors or self.actors}
+            if self.stop is not None:  # an evaluation is no step (LIBERO's take many minutes): a signal ends it now
+                self.stop.stop_at_once()
             result = evaluate_actors(env, policies, cfg.budget.eval_episodes, seed=eval_seed(cfg.seed),
                                      video_dir=self.run_dir / "videos" / tag, num_videos=videos, wrist_video=True)
+        except StopRequested as stopped:  # the agent and buffer are as the last step left them: a complete checkpoint
+            raise StopRequested(stopped.signum, f"{stopped} during the evaluation {tag!r} (not scored) with a "
+                                                f"complete checkpoint, {self.save()}") from None
         finally:
+            if self.stop is not None:
+                self.stop.at_once = False
             env.close()
         for name, r in result["actors"].items():
             lo, hi = r["success_ci"]
