@@ -20,6 +20,7 @@ import torch
 from robo_rl.checkpoint import checkpoint_dir, load_buffer, load_checkpoint
 from robo_rl.envs.vector import VecEnv
 from robo_rl.eval.rollout import evaluate_actors
+from robo_rl.utils.shutdown import GracefulStop, StopRequested
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["task=lift", "budget=smoke", "logger.mode=disabled", "env.num_envs=2"]
@@ -214,6 +215,20 @@ def test_sigterm_during_an_evaluation_stops_it_at_once_with_a_checkpoint(tmp_pat
     assert not (tmp_path / "run" / "offline_eval.json").exists()
     state = load_checkpoint(tmp_path / "run")  # pretraining is done and kept; no online step yet
     assert state["offline_step"] > 0 and state["env_steps"] == 0
+
+
+def test_an_evaluation_stops_at_the_first_signal_and_leaves_the_stop_mode_it_found():
+    with GracefulStop() as stop:
+        with stop.at_once_within():
+            assert stop.at_once
+        assert not stop.at_once  # training goes on stopping at its step boundaries
+        stop.stop_at_once()  # as run() does once training is checkpointed to its end
+        with stop.at_once_within():
+            pass
+        assert stop.at_once  # the final evaluation did not undo it
+    with GracefulStop() as stop, pytest.raises(StopRequested), stop.at_once_within():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises long before this ends
 
 
 @pytest.mark.parametrize("failing", ["buffer", "checkpoint"])

@@ -8,6 +8,7 @@ then OnlineTrainer (acting in the envs, learning from the transitions it collect
 from __future__ import annotations
 
 import signal
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,16 +139,14 @@ class Trainer:
         env = make_vec_env(cfg, num_envs, render=videos > 0, autoreset=False)
         try:
             policies = {a: build_actor(self.agent, planners[a], cfg.train.gamma, cfg.seed) for a in actors or self.actors}
-            if self.stop is not None:  # an evaluation is no step (LIBERO's take many minutes): a signal ends it now
-                self.stop.stop_at_once()
-            result = evaluate_actors(env, policies, cfg.budget.eval_episodes, seed=eval_seed(cfg.seed),
-                                     video_dir=self.run_dir / "videos" / tag, num_videos=videos, wrist_video=True)
+            # an evaluation is no step (LIBERO's take many minutes): a signal ends it now
+            with self.stop.at_once_within() if self.stop is not None else nullcontext():
+                result = evaluate_actors(env, policies, cfg.budget.eval_episodes, seed=eval_seed(cfg.seed),
+                                         video_dir=self.run_dir / "videos" / tag, num_videos=videos, wrist_video=True)
         except StopRequested as stopped:  # the agent and buffer are as the last step left them: a complete checkpoint
             raise StopRequested(stopped.signum, f"{stopped} during the evaluation {tag!r} (not scored) with a "
                                                 f"complete checkpoint, {self.save()}") from None
         finally:
-            if self.stop is not None:
-                self.stop.at_once = False
             env.close()
         for name, r in result["actors"].items():
             lo, hi = r["success_ci"]

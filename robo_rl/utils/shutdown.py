@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -53,6 +55,17 @@ class GracefulStop:
         self.at_once = True
         if self.signum is not None:
             raise StopRequested(self.signum, f"stopped by {signal.Signals(self.signum).name}")
+
+    @contextmanager
+    def at_once_within(self) -> Iterator[None]:
+        """Within the block, as after stop_at_once(); after it, the first signal stops as it did before the block
+        (work that is no step, such as an evaluation inside training, is not waited for)."""
+        before = self.at_once
+        try:
+            self.stop_at_once()
+            yield
+        finally:
+            self.at_once = before
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
