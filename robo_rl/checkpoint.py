@@ -25,16 +25,24 @@ it evaluated, `checkpoints/curve/step_XXXXXXXX.pt`, never pruned: `agent_snapsho
 resuming needs (0.4 of the size: 14 MB at budget=cpu_long on Can). `evaluate.py checkpoint=<that file>
 compare=[...]` evaluates any point of a run again, on as many paired episodes as it takes
 (`scripts/plot_evals.py` draws such evaluations).
+
+Checkpoints are safe to open: they hold only tensors and plain Python values (numpy arrays of RNG states and
+simulator snapshots travel as tensors, `_to_safe`), so `torch.load(weights_only=True)` reads them and a file
+someone sends you cannot run code. `read_checkpoint` refuses, in one line, a file that is truncated or corrupt,
+not a robo_rl checkpoint, or written before this format (`scripts/upgrade_checkpoint.py` converts those).
 """
 from __future__ import annotations
 
 import errno
 import io
 import os
+import pickle
 import shutil
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -47,6 +55,8 @@ from robo_rl.utils.schema import ConfigError, from_dict
 from robo_rl.utils.seeding import rng_state, set_rng_state
 
 KEEP_LAST = 2
+SNAPSHOT_KEYS = ("agent", "config", "obs_shapes", "num_tasks", "phase", "offline_step", "env_steps")
+NDARRAY = "__ndarray__"  # marks a numpy array stored as a tensor (`_to_safe`)
 CURVE_DIR = "curve"  # under checkpoints/: the agents the learning curve's points evaluated
 # Agent settings that change how a trained agent acts, not its weights: evaluate.py may override them.
 ACTING_SETTINGS = ("sample_steps", "best_of_n", "execute_steps")
@@ -216,7 +226,7 @@ def _save_atomically(state: dict, path: Path) -> None:
     that fails leaves no temp file behind."""
     tmp = path.with_suffix(".pt.tmp")
     data = io.BytesIO()
-    torch.save(state, data)  # in memory first: torch's own file writer turns a failed write (ENOSPC) into a
+    torch.save(_to_safe(state), data)  # in memory first: torch's own file writer turns a failed write (ENOSPC) into a
     try:                     # RuntimeError without its errno; Python's write raises the OSError itself
         with tmp.open("wb") as f:
             f.write(data.getbuffer())
@@ -269,13 +279,89 @@ def latest_checkpoint(path: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def check_resume(resume: bool | str, run_dir: str | Path) -> None:
+    """ConfigError where `resume` and what run_dir holds disagree: resume=true needs a checkpoint there, a fresh
+    run (resume=false) a directory without one (it would mix its checkpoints and metrics with the old run's)."""
+    found = latest_checkpoint(run_dir)
+    if resume is True and found is None:
+        raise ConfigError(f"resume=true: no checkpoint in hydra.run.dir={run_dir}; pass the directory of the run to "
+                          "continue, or resume=auto to resume one if it is there and start fresh if not")
+    if resume is False and found is not None:
+        raise ConfigError(f"hydra.run.dir={run_dir} already holds a run ({found.name}): pass resume=true to "
+                          "continue it, or a new hydra.run.dir")
+
+
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict:
+    """The checkpoint at `path` (a .pt file, or a run directory's newest), read safely (`read_checkpoint`)."""
     found = latest_checkpoint(path)
     if found is None:
-        raise FileNotFoundError(f"no checkpoint at {path} (expected a .pt file or a run directory "
-                                f"with checkpoints/step_*.pt)")
-    # weights_only=False: checkpoints hold optimizer state, RNG states and the config (our own files)
-    return torch.load(found, map_location=device, weights_only=False)
+        raise ConfigError(f"checkpoint={path}: no checkpoint there; pass a step_*.pt file or a run directory "
+                          "with checkpoints/step_*.pt")
+    return read_checkpoint(found, device)
+
+
+def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict:
+    """A checkpoint file's dict, loaded with weights_only=True (tensors and plain values only: opening it runs no
+    code). ConfigError, in one line naming the file, for one that is truncated or corrupt, not a robo_rl
+    checkpoint, or written before checkpoints were safe to open."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Unsupported global" not in str(e):
+            raise ConfigError(f"checkpoint={path}: not readable as a torch file; it is corrupt, or not a "
+                              "checkpoint") from None
+        raise ConfigError(f"checkpoint={path}: written by an older robo_rl, with pickled numpy state that a safe "
+                          "load refuses; if you trust the file, convert it once: python scripts/upgrade_checkpoint.py "
+                          f"{path}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        raise ConfigError(f"checkpoint={path}: not readable ({_first_line(e)}); it is truncated or corrupt (a copy "
+                          "that did not finish?), or not a checkpoint") from None
+    missing = [k for k in SNAPSHOT_KEYS if k not in state] if isinstance(state, dict) else list(SNAPSHOT_KEYS)
+    if missing:
+        raise ConfigError(f"checkpoint={path}: not a robo_rl checkpoint (no {', '.join(missing)}); pass a "
+                          "checkpoints/step_*.pt that train_qwm.py or pretrain_offline.py wrote")
+    return _from_safe(state)
+
+
+def _first_line(error: BaseException) -> str:
+    """The error's first sentence (torch's zip reader appends a paragraph of advice)."""
+    return (str(error).strip().split(". ")[0].splitlines() or [type(error).__name__])[0][:120]
+
+
+def _to_safe(value):
+    """`value` with numpy arrays as {NDARRAY: tensor} and numpy scalars as Python ones (recursively through dicts,
+    lists, tuples): what torch.load(weights_only=True) reads back. Containers holding no numpy stay the same
+    objects (a state_dict keeps its type and metadata)."""
+    if isinstance(value, np.ndarray):
+        return {NDARRAY: torch.from_numpy(np.ascontiguousarray(value))}
+    if isinstance(value, np.generic):
+        return value.item()
+    return _map_container(value, _to_safe)
+
+
+def _from_safe(value):
+    """The inverse of `_to_safe`."""
+    if isinstance(value, dict) and value.keys() == {NDARRAY}:
+        return value[NDARRAY].cpu().numpy()
+    return _map_container(value, _from_safe)
+
+
+def _map_container(value, fn):
+    """fn over a dict's values or a list's / tuple's items; `value` itself when fn changed none of them."""
+    if isinstance(value, dict):
+        mapped = {k: fn(v) for k, v in value.items()}
+        return value if all(mapped[k] is v for k, v in value.items()) else mapped
+    if isinstance(value, (list, tuple)):
+        mapped = [fn(v) for v in value]
+        return value if all(m is v for m, v in zip(mapped, value)) else type(value)(mapped)
+    return value
+
+
+def upgrade_checkpoint(path: str | Path) -> None:
+    """Rewrite an older robo_rl checkpoint (pickled numpy state) in the safe format, in place. Unpickles it:
+    only for files you trust."""
+    _save_atomically(torch.load(path, map_location="cpu", weights_only=False), Path(path))
+    read_checkpoint(path)  # the rewritten file opens safely
 
 
 # -- rebuilding from a checkpoint ----------------------------------------------------------------

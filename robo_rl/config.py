@@ -32,7 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from robo_rl.agents.sorl import NonFiniteUpdateError, SORLConfig, check_execute_steps
-from robo_rl.checkpoint import CheckpointWriteError, latest_checkpoint
+from robo_rl.checkpoint import CheckpointWriteError, check_resume, load_checkpoint
+from robo_rl.eval.runner import check_evaluation
 from robo_rl.data.hdf5 import DatasetError
 from robo_rl.planning.qwm import QWMConfig
 from robo_rl.train.sources import check_dataset
@@ -190,7 +191,7 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
     compile: bool
     dataset: str | None
     demo_cache: str
-    resume: bool
+    resume: bool | Literal["auto"]  # auto: resume the run directory's run if it holds one, else start fresh
     train: LearnerConfig
     explore: Literal["none", "param_noise"]
     param_noise_std: float
@@ -248,6 +249,10 @@ class EvaluateConfig:  # conf/evaluate.yaml
         _check_modality(self.env, self.task)
         _at_least(self, 1, "episodes", "episodes_per_task")
         _at_least(self, 0, "videos")
+        if self.compare and not self.checkpoint:
+            raise ValueError("compare=[...] compares actors of a trained agent: pass checkpoint=PATH")
+        if self.policy == "checkpoint" and not self.checkpoint:
+            raise ValueError("policy=checkpoint needs checkpoint=PATH (a .pt file or a run directory)")
 
 
 @dataclass
@@ -358,9 +363,10 @@ SET_ELSEWHERE = {
 
 
 # -- validation --------------------------------------------------------------------------------
-def validate(cfg: DictConfig, config_name: str) -> Any:
-    """Check the composed config of `conf/<config_name>.yaml` (its `hydra` node is ignored): types,
-    unknown keys, ranges, and the files it names (dataset or source, checkpoint). Returns the schema instance;
+def validate(cfg: DictConfig, config_name: str, run_dir: str | None = None) -> Any:
+    """Check the composed config of `conf/<config_name>.yaml` (its `hydra` node is ignored, but for the command
+    line's overrides): types, unknown keys, ranges, the files it names (dataset or source, a checkpoint and what
+    evaluating it asks of it) and, given the run directory, what `resume` finds there. Returns the schema instance;
     raises ConfigError (or DatasetError for a dataset that cannot be used)."""
     try:
         node = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
@@ -376,9 +382,14 @@ def validate(cfg: DictConfig, config_name: str) -> Any:
     for demos in (getattr(settings, "dataset", None), getattr(settings, "source", None)):  # source: generate_demos
         if demos:
             check_dataset(demos, settings.task)
-    if getattr(settings, "checkpoint", None) and latest_checkpoint(settings.checkpoint) is None:
-        raise ConfigError(f"checkpoint={settings.checkpoint}: no checkpoint there; pass a step_*.pt file or a run "
-                          "directory with checkpoints/step_*.pt")
+    if getattr(settings, "checkpoint", None):
+        overrides = list(cfg.hydra.overrides.task) if "hydra" in cfg else []
+        check_evaluation(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
+                         load_checkpoint(settings.checkpoint), overrides)
+    elif config_name == "evaluate":
+        check_evaluation(cfg, None, [])
+    if run_dir is not None and isinstance(settings, TrainConfig):
+        check_resume(settings.resume, run_dir)
     return settings
 
 
@@ -404,7 +415,7 @@ class ValidateConfig(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         with stop_on_bad_input():
-            validate(config, config.hydra.job.config_name)
+            validate(config, config.hydra.job.config_name, run_dir=config.hydra.run.dir)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN:

@@ -48,7 +48,7 @@ def wait_for(condition, timeout: float = 600.0) -> None:
 
 def online_checkpoints(run_dir: Path) -> list[Path]:
     return [p for p in sorted(checkpoint_dir(run_dir).glob("step_*.pt"))
-            if torch.load(p, weights_only=False)["phase"] == "online"]
+            if torch.load(p, weights_only=True)["phase"] == "online"]
 
 
 def env_workers(pid: int) -> list[psutil.Process]:

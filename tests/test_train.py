@@ -30,7 +30,8 @@ def train(run_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.Comp
 def lift_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("train") / "lift"
     # planner.support: a search setting of its own, which evaluating its checkpoint must keep
-    train(run_dir, "task=lift", "budget.offline_eval_every=15", "budget.eval_every=40", "planner.support=0.75")
+    train(run_dir, "task=lift", "budget.offline_eval_every=15", "budget.eval_every=40", "planner.support=0.75",
+          "resume=auto")  # nothing to resume: starts fresh
     return run_dir
 
 
@@ -75,6 +76,9 @@ def test_lift_smoke_run_produces_checkpoint_eval_and_video(lift_run):
     logged = [(l["step"], l["eval/offline_curve_success_rate"]) for l in lines if "eval/offline_curve_success_rate" in l]
     assert logged == list(zip([15, 30], offline_curve["offline_success"]))
     assert (run_dir / "curves.png").exists()
+    # the run directory's log holds what the run printed, results included, progress bars as lines
+    log = (run_dir / "train_qwm.log").read_text()
+    assert "[eval] final qwm: success" in log and "[run] lift: success" in log and "\r" not in log
 
 
 def test_checkpoint_rebuilds_the_trained_agent(lift_run):
@@ -105,6 +109,26 @@ def test_checkpoint_holds_the_keys_its_docstring_names(lift_run):
     assert set(state) == documented | {"buffer"} and set(state["buffer"]) == {"file", "write_counts"}
 
 
+def test_checkpoints_open_safely_and_older_ones_upgrade(lift_run, tmp_path):
+    import numpy as np
+
+    from robo_rl.checkpoint import read_checkpoint
+    from robo_rl.utils.schema import ConfigError
+
+    newest = sorted((lift_run / "checkpoints").glob("step_*.pt"))[-1]
+    torch.load(newest, weights_only=True)  # tensors and plain values only: opening it runs no code
+    state = load_checkpoint(newest)
+    assert isinstance(state["rng"]["numpy"][1], np.ndarray)  # numpy state comes back as numpy
+    old = tmp_path / "old.pt"
+    torch.save(state, old)  # the format before: numpy pickled
+    with pytest.raises(ConfigError, match="upgrade_checkpoint.py"):
+        read_checkpoint(old)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "upgrade_checkpoint.py"), str(old)], check=True)
+    upgraded = read_checkpoint(old)
+    np.testing.assert_array_equal(upgraded["rng"]["numpy"][1], state["rng"]["numpy"][1])
+    assert all(torch.equal(upgraded["agent"][k], v) for k, v in state["agent"].items())
+
+
 def test_curve_points_keep_their_agent_for_paired_comparisons_along_the_run(lift_run, tmp_path):
     import re
 
@@ -112,7 +136,7 @@ def test_curve_points_keep_their_agent_for_paired_comparisons_along_the_run(lift
 
     kept = sorted((lift_run / "checkpoints" / "curve").glob("step_*.pt"))
     assert [p.name for p in kept] == ["step_00000070.pt", "step_00000090.pt"]  # 30 offline + 40, + 60 env steps
-    snapshots = [torch.load(p, weights_only=False) for p in kept]
+    snapshots = [torch.load(p, weights_only=True) for p in kept]
     documented = set(re.findall(r'"(\w+)"', re.findall(r"\{(\"agent\".*?)\}", robo_rl.checkpoint.__doc__, re.S)[1]))
     assert all(set(s) == documented for s in snapshots) and "optimizer" not in documented
     assert [s["env_steps"] for s in snapshots] == [40, 60]
@@ -240,9 +264,9 @@ def test_resume_after_kill_continues_from_last_checkpoint(tmp_path):
     proc.wait()
     saved = sorted(ckpt_dir.glob("step_*.pt"))
     assert saved, "no checkpoint before the kill"
-    killed_at = torch.load(saved[-1], weights_only=False)["offline_step"]
+    killed_at = torch.load(saved[-1], weights_only=True)["offline_step"]
     assert 100 <= killed_at < 400
-    out = train(run_dir, *overrides, "resume=true").stdout
+    out = train(run_dir, *overrides, "resume=auto").stdout  # auto: resumes the run that is there
     assert f"resuming from {saved[-1]}" in out
     # the resumed run did not redo the checkpointed steps: each of them was logged once, by the first run
     steps = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -250,7 +274,7 @@ def test_resume_after_kill_continues_from_last_checkpoint(tmp_path):
     before = [s for s in steps if s <= killed_at]
     assert before and len(before) == len(set(before))
     assert max(steps) == 400
-    final = torch.load(sorted(ckpt_dir.glob("step_*.pt"))[-1], weights_only=False)
+    final = torch.load(sorted(ckpt_dir.glob("step_*.pt"))[-1], weights_only=True)
     assert final["offline_step"] == 400 and final["env_steps"] == 40
 
 

@@ -45,9 +45,8 @@ def make_eval_policy(cfg: DictConfig, num_envs: int, action_dim: int, checkpoint
         return RandomPolicy(num_envs, action_dim, seed=cfg.seed)
     if cfg.policy == "scripted":
         return make_expert(cfg.task, num_envs, noise=0.0, seed=cfg.seed)
-    if cfg.policy == "checkpoint":
-        raise ValueError("policy=checkpoint needs checkpoint=PATH (a .pt file or a run directory)")
-    raise ValueError(f"unknown policy {cfg.policy!r}; use policy=random, policy=scripted or checkpoint=PATH")
+    raise ValueError(f"policy={cfg.policy} plays without a checkpoint: use policy=random, policy=scripted or "
+                     "checkpoint=PATH")
 
 
 def qwm_planner_config(planner_cfg: DictConfig) -> DictConfig:
@@ -69,15 +68,21 @@ def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[
     qwm = qwm_planner_config(cfg.planner)
     planners = {"none": None, "guard": OmegaConf.merge(qwm, {"depth": 0, "selection": "random"}),
                 "best_of_n": OmegaConf.merge(qwm, {"depth": 0}), "qwm": qwm}
-    unknown = [n for n in names if n not in planners]
-    if unknown:
-        raise ValueError(f"unknown actors {unknown} in compare=; valid actors: {list(planners)}")
-    if "guard" in names and qwm.get("drift_decay") is None:
-        raise ValueError("compare=[...,guard] isolates the drift guard, which planner.drift_decay=null turns off: "
-                         "drop guard from compare, or set planner.drift_decay (conf/planner/qwm.yaml: 0.9)")
     agent = agent_from_checkpoint(checkpoint, cfg.device, {k: cfg.agent[k] for k in ACTING_SETTINGS})
     gamma = checkpoint["config"]["train"]["gamma"]
     return {n: build_actor(agent, planners[n], gamma, cfg.seed, best_of_n=1) for n in names}
+
+
+def check_evaluation(cfg: DictConfig, checkpoint: dict | None, overrides: Sequence[str]) -> tuple[DictConfig, dict | None]:
+    """ConfigError for an evaluation that cannot run as asked (before its run directory exists); else the config it
+    runs with and, for a checkpoint, its acting settings and their sources (`_as_trained`)."""
+    acting = None
+    if checkpoint is not None:
+        cfg, acting = _as_trained(cfg, checkpoint["config"], overrides)
+    if cfg.compare and "guard" in cfg.compare and qwm_planner_config(cfg.planner).get("drift_decay") is None:
+        raise ConfigError("compare=[...,guard] isolates the drift guard, which planner.drift_decay=null turns off: "
+                          "drop guard from compare, or set planner.drift_decay (conf/planner/qwm.yaml: 0.9)")
+    return cfg, acting
 
 
 def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -> dict:
@@ -86,14 +91,10 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = apply_thread_policy(cfg.threads)
     print(describe(threads), flush=True)
-    checkpoint = None
-    acting = None
-    if cfg.get("checkpoint"):
-        checkpoint = load_checkpoint(cfg.checkpoint, cfg.device)
-        cfg, acting = _as_trained(cfg, checkpoint["config"], overrides)
+    checkpoint = load_checkpoint(cfg.checkpoint, cfg.device) if cfg.get("checkpoint") else None
+    cfg, acting = check_evaluation(cfg, checkpoint, overrides)
+    if acting is not None:
         print(describe_acting(acting), flush=True)
-    if cfg.compare and checkpoint is None:
-        raise ValueError("compare=[...] compares actors of a trained agent: pass checkpoint=PATH")
     actors = compare_actors(cfg, checkpoint, list(cfg.compare)) if cfg.compare else None
     journal = EpisodeJournal(run_dir / EPISODES_FILE, _journal_settings(cfg))
     env = make_vec_env(cfg, render=cfg.videos > 0, autoreset=False)

@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.checkpoint import (
-    build_agent, check_room_for_checkpoints, checkpoint_size, latest_checkpoint, load_buffer, load_checkpoint,
+    build_agent, check_resume, check_room_for_checkpoints, checkpoint_size, latest_checkpoint, load_buffer, load_checkpoint,
     restore_training_state,
 )
 from robo_rl.core import ACTION_DIM, TASK_KEY, obs_shapes
@@ -40,7 +40,6 @@ from robo_rl.train.trainer import Progress, Trainer
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger, write_json
 from robo_rl.utils.runlock import hold_run_dir, release_run_dir
-from robo_rl.utils.schema import ConfigError
 from robo_rl.utils.seeding import seed_everything
 from robo_rl.utils.shutdown import GracefulStop, StopRequested
 from robo_rl.utils.threads import apply_thread_policy, describe
@@ -121,7 +120,8 @@ def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, th
         best_of_n = cfg.agent.best_of_n
         curve = LearningCurve(run_dir, resume_env_steps=None if state is None else progress.env_steps,
                               resume_offline_step=progress.offline_step,
-                              no_search_actor=f"critic best-of-{best_of_n}" if best_of_n > 1 else "policy")
+                              no_search_actor=f"critic best-of-{best_of_n}" if best_of_n > 1 else "policy",
+                              title=f"{cfg.task.name}, budget={cfg.budget.name}, seed {cfg.seed} ({run_dir.name})")
 
         trainer: Trainer = OfflineTrainer(cfg, agent, buffer, logger, run_dir, progress, curve, stop)
         trainer.train()
@@ -140,7 +140,8 @@ def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, th
     if rank:
         logger.close()
         return {}
-    result = _final_evaluation(trainer, online, started, threads)
+    result, videos = _final_evaluation(trainer, online, started, threads)
+    logger.log_videos(videos, progress.step)
     if online:
         curve.add(progress.env_steps, result["success_rate"], result.get("success_rate_no_search"))
         trainer.keep_evaluated()
@@ -155,15 +156,13 @@ def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, th
 
 
 def _checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> dict | None:
-    """The newest checkpoint of run_dir when resume=true (None: start fresh); a fresh run refuses a
-    directory that holds one, as it would mix its checkpoints and metrics with the old run's."""
-    found = latest_checkpoint(run_dir)
-    if found and not cfg.resume:
-        raise ConfigError(f"hydra.run.dir={run_dir} already holds a run ({found.name}): pass resume=true to "
-                          "continue it, or a new hydra.run.dir")
-    if cfg.resume:
-        print(f"[run] resuming from {found}" if found else f"[run] resume=true but no checkpoint in {run_dir}: "
-              "starting fresh")
+    """The newest checkpoint of run_dir to resume from (None: start fresh), as `cfg.resume` asks (`check_resume`)."""
+    check_resume(cfg.resume, run_dir)
+    found = latest_checkpoint(run_dir) if cfg.resume else None
+    if found:
+        print(f"[run] resuming from {found}")
+    elif cfg.resume == "auto":
+        print(f"[run] resume=auto: no checkpoint in {run_dir} yet, starting fresh")
     return load_checkpoint(found, cfg.device) if found else None
 
 
@@ -189,10 +188,10 @@ def build_buffer(cfg: DictConfig, shapes: dict, demos: Demos) -> ReplayBuffer:
     return buffer
 
 
-def _final_evaluation(trainer: Trainer, online: bool, started: float, threads: dict) -> dict:
+def _final_evaluation(trainer: Trainer, online: bool, started: float, threads: dict) -> tuple[dict, list[str]]:
     """One pass of paired episodes with search (when on) and without, written as eval.json: the acting
     actor's summary at the top level, both under `actors`, the paired search gain, the run's budgets and the
-    threads it computed with."""
+    threads it computed with. Returns it and the paths of the videos recorded."""
     cfg = trainer.cfg
     final = trainer.eval("final", videos=2)
     result: dict = {}
@@ -209,4 +208,4 @@ def _final_evaluation(trainer: Trainer, online: bool, started: float, threads: d
               "num_online_transitions": trainer.buffer.num_online, "train_wall_s": time.time() - started,
               "threads": threads}
     write_json(trainer.run_dir / "eval.json", result)
-    return result
+    return result, [v for actor in final["actors"].values() for v in actor["videos"]]
