@@ -9,15 +9,15 @@ Options: env=image (camera obs), noise=0.1 (action noise for diversity), seed=0.
 episodes are kept (keep_failures=true: every attempt, failed ones without a terminal step); the expert's
 success rate is printed and stored as the attr `expert_success_rate` of the file's `data` group.
 """
-import hydra
 from omegaconf import DictConfig
 
+from robo_rl.utils.cli import command
 from robo_rl.utils.threads import prepare_openmp
 
 prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
 
 
-@hydra.main(config_path="../conf", config_name="collect_demos", version_base=None)
+@command("collect_demos")
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
     from robo_rl.data.hdf5 import write_robomimic

@@ -3,15 +3,15 @@
     python scripts/convert_robosuite.py input=RAW.hdf5 output=OUT.hdf5 \
         cameras=[agentview,robot0_eye_in_hand] image_size=84 [drop_idle=true | track_path=true]
 """
-import hydra
 from omegaconf import DictConfig
 
+from robo_rl.utils.cli import command
 from robo_rl.utils.threads import prepare_openmp
 
 prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
 
 
-@hydra.main(config_path="../conf", config_name="convert_robosuite", version_base=None)
+@command("convert_robosuite")
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
     from robo_rl.demos.convert import convert_robosuite

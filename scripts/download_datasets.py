@@ -5,15 +5,15 @@ where to put the file by hand.
 """
 import sys
 
-import hydra
 from omegaconf import DictConfig
 
+from robo_rl.utils.cli import command
 from robo_rl.utils.threads import prepare_openmp
 
 prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
 
 
-@hydra.main(config_path="../conf", config_name="download_datasets", version_base=None)
+@command("download_datasets")
 def main(cfg: DictConfig) -> None:
     from robo_rl.data.registry import DEFAULT_ROOT, DownloadError, download, load_registry
 

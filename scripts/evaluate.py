@@ -6,16 +6,16 @@ trained agent on paired episodes instead: eval.json then holds `actors` (one suc
 `gains` / `search_gain` (paired differences vs `none` with t intervals), and a table is printed. Actors: none
 (the policy's sample), guard (a random candidate the drift guard lets through), best_of_n (the critic's pick), qwm.
 """
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from robo_rl.utils.cli import command
 from robo_rl.utils.threads import prepare_openmp
 
 prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
 
 
-@hydra.main(config_path="../conf", config_name="evaluate", version_base=None)
+@command("evaluate")
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
     from robo_rl.eval.runner import run_evaluation

@@ -6,15 +6,15 @@ The source is a robomimic dataset of a robosuite task with OSC_POSE delta action
 `convert_robosuite.py track_path=true`, or scripted demos). Only executions that succeed are written, after
 the source demos; robo_rl/demos/generate.py says how paths are moved.
 """
-import hydra
 from omegaconf import DictConfig
 
+from robo_rl.utils.cli import command
 from robo_rl.utils.threads import prepare_openmp
 
 prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
 
 
-@hydra.main(config_path="../conf", config_name="generate_demos", version_base=None)
+@command("generate_demos")
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
     from robo_rl.demos.generate import generate_demos

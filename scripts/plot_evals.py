@@ -5,15 +5,15 @@ policy alone (does search help more as the run goes on?).
         episodes=100 hydra.run.dir=EVAL_A          # ... one per checkpoint; seed=100 adds 100 other episodes
     python scripts/plot_evals.py evals=[EVAL_A,EVAL_B,...] output=search_gain.png   # and search_gain.json
 """
-import hydra
 from omegaconf import DictConfig
 
+from robo_rl.utils.cli import command
 from robo_rl.utils.threads import prepare_openmp
 
 prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
 
 
-@hydra.main(config_path="../conf", config_name="plot_evals", version_base=None)
+@command("plot_evals")
 def main(cfg: DictConfig) -> None:
     from pathlib import Path
 

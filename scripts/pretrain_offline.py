@@ -3,16 +3,16 @@
 Without dataset=PATH a task with a scripted expert pretrains on generated demos. The run
 directory holds eval.json (policy without search), checkpoints and videos.
 """
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from robo_rl.utils.cli import command
 from robo_rl.utils.threads import prepare_openmp
 
 prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
 
 
-@hydra.main(config_path="../conf", config_name="pretrain_offline", version_base=None)
+@command("pretrain_offline")
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
     from robo_rl.train.run import run

@@ -4,16 +4,16 @@
     python scripts/train_qwm.py task=libero_10        # LIBERO-10, image obs, multi-task
     python scripts/train_qwm.py budget=smoke hydra.run.dir=DIR resume=true
 """
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from robo_rl.utils.cli import command
 from robo_rl.utils.threads import prepare_openmp
 
 prepare_openmp()  # before torch loads (the config check imports it): OpenMP reads its spin setting once
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base=None)
+@command("config")
 def main(cfg: DictConfig) -> None:
     from robo_rl.config import stop_on_bad_input
     from robo_rl.train.run import run
