@@ -1,5 +1,6 @@
 """Learning curves: aligned lists in curves.json, a PNG, points after a resumed checkpoint dropped."""
 import json
+from pathlib import Path
 
 from matplotlib.image import imread
 
@@ -55,4 +56,16 @@ def test_the_legend_names_what_acts_without_search(tmp_path):
     searched = LearningCurve(tmp_path / "searched")
     searched.set_offline(0.4)
     searched.add(500, 0.6, 0.5)
-    assert legend(searched) == ["with search", "without search (policy)", "offline start"]
+    assert legend(searched) == ["offline start (0.40)", "with search", "without search (policy)"]
+
+
+def test_every_budget_but_smoke_draws_at_least_three_points():
+    from hydra import compose, initialize_config_dir
+
+    root = Path(__file__).resolve().parents[1]
+    for budget in ("cpu", "cpu_long", "gpu"):
+        with initialize_config_dir(config_dir=str(root / "conf"), version_base=None):
+            b = compose("config", [f"budget={budget}"]).budget
+        periodic = b.online_steps // b.eval_every if b.eval_every else 0
+        final = 0 if b.eval_every and b.online_steps % b.eval_every == 0 else 1  # the final point, unless periodic
+        assert 1 + periodic + final >= 3, budget  # with the offline start at 0 env steps

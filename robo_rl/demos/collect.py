@@ -10,7 +10,6 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from robo_rl.data.hdf5 import Episode, write_libero
 from robo_rl.demos.experts import EXPERTS
@@ -18,6 +17,7 @@ from robo_rl.envs.libero import load_suite
 from robo_rl.envs.robosuite import robosuite_env_kwargs
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import VecEnv
+from robo_rl.utils.logging import progress_bar
 
 
 def collect_demos(spec: EnvSpec, expert_name: str, num_demos: int, noise: float = 0.1, seed: int = 0,
@@ -39,7 +39,7 @@ def collect_demos(spec: EnvSpec, expert_name: str, num_demos: int, noise: float 
     spec = dataclasses.replace(spec, low_dim_keys=spec.low_dim_keys + unobserved)
     episodes, attempts, successes, next_seed = [], 0, 0, seed
     max_attempts = max_attempts_factor * num_demos
-    bar = tqdm(total=num_demos, desc=f"demos {spec.env_name}", disable=not progress, leave=False)
+    bar = progress_bar(total=num_demos, desc=f"demos {spec.env_name}", disable=not progress, leave=False)
     with VecEnv(spec, num_envs, workers=workers, autoreset=False) as env:
         model_xml = env.get("model_xml")[0]
         while len(episodes) < num_demos and attempts < max_attempts:

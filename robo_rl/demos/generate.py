@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.spatial.transform import Rotation
-from tqdm import tqdm
 
 from robo_rl.data.hdf5 import DatasetError, Episode, read_hdf5, write_robomimic
 from robo_rl.demos.convert import ROBOSUITE_ENV_TYPE
 from robo_rl.demos.tracking import (SPEED_KEYS, Pose, Recording, check_tracker_controller, make_recording_env,
                                     track_path)
 from robo_rl.envs.robosuite import robomimic_obs
+from robo_rl.utils.logging import progress_bar
 
 PATH_KEYS = ("robot0_eef_pos", "robot0_eef_quat", "object")
 # m: the tracker aims this far ahead on the moved path. 2 cm (made for human demos that coast a few mm per step)
@@ -96,7 +96,7 @@ def generate_demos(source_path: str, output_path: str, num_demos: int, object_sy
     max_attempts = max_attempts or 5 * num_demos
     rng = np.random.default_rng(seed)
     generated, attempts, env_steps = [], 0, 0
-    bar = tqdm(total=num_demos, desc=f"generating {dataset.env_args['env_name']} demos", disable=not progress)
+    bar = progress_bar(total=num_demos, desc=f"generating {dataset.env_args['env_name']} demos", disable=not progress)
     try:
         while len(generated) < num_demos and attempts < max_attempts:
             np.random.seed(seed * 1_000_003 + attempts)  # robosuite 1.4 samples placements from the global RNG

@@ -28,11 +28,11 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from robo_rl.eval.journal import EpisodeJournal, episode_key
 from robo_rl.eval.stats import paired_difference, success_ci
 from robo_rl.eval.video import annotate, write_mp4
+from robo_rl.utils.logging import progress_bar
 
 
 EVAL_SEED_OFFSET = 10_000
@@ -199,7 +199,7 @@ def evaluate_actors(
         return new_obs
 
     t0 = time.time()
-    bar = tqdm(total=len(jobs), initial=len(done), desc="eval", disable=not progress, leave=False)
+    bar = progress_bar(total=len(jobs), initial=len(done), desc="eval", disable=not progress, leave=False)
     obs = assign(list(range(env.num_envs)), reset_idle=True) if queue else None
     while any(j is not None for j in running):
         actions = np.zeros((env.num_envs, env.action_dim), np.float32)

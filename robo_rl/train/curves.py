@@ -27,11 +27,11 @@ OFFLINE_KEYS = ("offline_steps", "offline_success")
 class LearningCurve:
     """resume_env_steps / resume_offline_step: the counters of the checkpoint a resumed run starts from;
     no_search_actor: what acts without search, as the plot names it ("policy", or "critic best-of-8" for a run
-    acting with agent.best_of_n=8)."""
+    acting with agent.best_of_n=8); title: the figure's (task, budget, run)."""
 
     def __init__(self, run_dir: str | Path, resume_env_steps: int | None = None, resume_offline_step: int = 0,
-                 no_search_actor: str = "policy"):
-        self.no_search_actor = no_search_actor
+                 no_search_actor: str = "policy", title: str = ""):
+        self.no_search_actor, self.title = no_search_actor, title
         self.json_path, self.png_path = Path(run_dir) / "curves.json", Path(run_dir) / "curves.png"
         self.data = {**{k: [] for k in ONLINE_KEYS}, "offline_success_rate": None, **{k: [] for k in OFFLINE_KEYS}}
         if resume_env_steps is not None and self.json_path.exists():
@@ -79,13 +79,20 @@ class LearningCurve:
         ax = axes[0, -1]
         steps = self.data["env_steps"]
         no_search = [(s, v) for s, v in zip(steps, self.data["success_no_search"]) if v is not None]
-        ax.plot(steps, self.data["success"], "o-", label="with search" if no_search else self.no_search_actor)
+        start = self.data["offline_success_rate"]
+        if start is not None:  # the online curves start where pretraining left the policy: a point at 0 steps
+            ax.axhline(start, color="gray", ls=":", lw=1)
+            ax.plot([0], [start], "*", color="gray", ms=12, label=f"offline start ({start:.2f})")
+        # hollow circles around filled squares: equal values stay visible as two markers
+        ax.plot(steps, self.data["success"], "o-", ms=11, mfc="none", mew=2,
+                label="with search" if no_search else self.no_search_actor)
         if no_search:
-            ax.plot(*zip(*no_search), "s--", label=f"without search ({self.no_search_actor})")
-        if self.data["offline_success_rate"] is not None:
-            ax.axhline(self.data["offline_success_rate"], color="gray", ls=":", label="offline start")
-        ax.set(xlabel="online env steps", ylabel="success rate", ylim=(-0.02, 1.02))
+            ax.plot(*zip(*no_search), "s--", ms=5, label=f"without search ({self.no_search_actor})")
+        ax.set(xlabel="online env steps", ylabel="success rate", ylim=(-0.04, 1.04),
+               xlim=(-0.04 * max(steps or [1]), 1.04 * max(steps or [1])))
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        ax.legend(loc="best", fontsize=8)
+        if self.title:
+            fig.suptitle(self.title, fontsize=10)
         fig.tight_layout()
         return fig

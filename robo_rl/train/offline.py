@@ -4,13 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from robo_rl.agents.sorl import SORLAgent
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
-from robo_rl.utils.logging import RunLogger, write_json
+from robo_rl.utils.logging import RunLogger, progress_bar, write_json
 from robo_rl.utils.shutdown import GracefulStop
 
 
@@ -40,8 +39,8 @@ class OfflineTrainer(Trainer):
             print(f"[data] warning: no demo has the {window} steps of a world-model window (budget.seq_horizon "
                   f"x agent.action_horizon): the world model trains on online episodes only")
         start = progress.offline_step
-        bar = tqdm(range(start, budget.offline_steps), desc="offline", initial=start, total=budget.offline_steps,
-                   dynamic_ncols=True, disable=not self.main)
+        bar = progress_bar(range(start, budget.offline_steps), desc="offline", initial=start, total=budget.offline_steps,
+                           disable=not self.main)
         for step in bar:
             self.stop_if_asked()
             metrics = self.update()

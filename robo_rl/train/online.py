@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from robo_rl.agents.sorl import SORLAgent
 from robo_rl.checkpoint import build_actor
@@ -21,7 +20,7 @@ from robo_rl.train.curves import LearningCurve
 from robo_rl.train.sources import demo_starts
 from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
 from robo_rl.utils import distributed
-from robo_rl.utils.logging import RunLogger, write_json
+from robo_rl.utils.logging import RunLogger, progress_bar, write_json
 from robo_rl.utils.shutdown import GracefulStop
 from robo_rl.utils.timing import SectionTimer
 
@@ -72,8 +71,7 @@ class OnlineTrainer(Trainer):
         metrics, t0 = {}, time.time()
         next_log, next_ckpt = _next_multiple(start, budget.log_every), _next_multiple(start, budget.checkpoint_every)
         next_eval = _next_multiple(start, budget.eval_every) if budget.eval_every else None
-        bar = tqdm(total=budget.online_steps, initial=start, desc="online", unit="step", dynamic_ncols=True,
-                   disable=not self.main)
+        bar = progress_bar(total=budget.online_steps, initial=start, desc="online", unit="step", disable=not self.main)
         timer = SectionTimer(("act", "env", "buffer", "update"))  # the loop's split, logged as rollout/seconds_*
         while progress.env_steps < budget.online_steps:
             self.stop_if_asked(continuation=self._episodes_in_progress(episode_return, episode_len))
@@ -125,8 +123,8 @@ class OnlineTrainer(Trainer):
                 stats |= {f"demo_start_{k}": v for k, v in _episode_stats(recent_demo).items()}
                 self.logger.log({**{f"online/{k}": v for k, v in metrics.items()},
                                  **{f"rollout/{k}": v for k, v in stats.items()}, "env_steps": steps}, progress.step)
-                bar.set_postfix(success=f"{stats.get('success', float('nan')):.2f}",
-                                ret=f"{stats.get('return', float('nan')):.2f}", sps=f"{stats['steps_per_s']:.1f}")
+                bar.set_postfix(success=_shown(stats.get("success")), ret=_shown(stats.get("return")),
+                                sps=f"{stats['steps_per_s']:.1f}")  # "-" until an episode has ended
             if next_eval is not None and steps >= next_eval and self.main:
                 next_eval = _next_multiple(steps, budget.eval_every)
                 self.logger.log({**{f"eval/{k}": v for k, v in self._curve_point().items()}, "env_steps": steps},
@@ -203,6 +201,10 @@ class OnlineTrainer(Trainer):
 
 def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _episode_stats(recent) -> dict:
