@@ -20,106 +20,24 @@ tensor program; only the depth loop is Python):
              heads disagree where it has seen no data), ū: its mean over the state's N candidates
     select   argmax_n S_n, or n ~ softmax(S / temperature), or n uniform (scores ignored: a control)
 
-How the values combine: with the default root weight w = ½ the score is QWM's ½(V_Q + V_r), the
-critic's value of the action and the value the world model rolls out for it. Neither term is safe
-alone at small budgets (budget=cpu, 50 episodes each): on a Can checkpoint whose policy alone
-scores 0.74, w = ½ chose badly (0.26; κ = 3 pessimism 0.50) and the tree value alone (w = 0)
-matched the policy (0.74); but w = 0 from Lift's offline start, where the world model has seen only
-demonstrations, collected failing episodes (success ≈ 0.35 vs ≈ 0.95 with w = ½). Deeper estimates see
-more of the future but compound model error, so λ (0.1–0.2) weights depth d by λ^(d−1), as
-TD(λ) weights longer returns. The beam only chooses which nodes to look at deeper; every sampled
-node of a depth enters its mean. (Nodes below the first depth descend from the best-ranked ones, a
-mild optimism that J > 1 softens.)
-
-What limits it, measured (Can, budget=cpu, seed 0; `benchmarks/search_oracle.py` and paired
-`scripts/evaluate.py ... compare=[none,best_of_n,qwm]`). Until 2026-12-03 the world model was never
-trained (its parameters were missing from the agent's optimizer), so every tree value came from a
-random model. Trained, its one-step latent error is 0.0001 against 0.0002 for "no change" (it was
-0.0016), QWM's pick at a visited state is worth a little more than a random candidate by the
-simulator's measure (true success 0.92 vs 0.90 over 50 states; Spearman of the score with the true
-return 0.14, of Q alone 0.09) and the critic is better calibrated (Q = 0.76·MC + 0.14, r 0.85). Yet in
-closed loop argmax search still fails (20 paired episodes: 0.05 vs 0.55 for the policy alone): a
-state's 8 candidates score within ~0.002 of each other, below what a TD critic resolves, and the
-argmax leans the same way at every state (`pick_bias`: +0.25 std in the first rotation dimension,
-−0.16 in the second, all critic heads agreeing), so the arm tilts step after step into states the
-demonstrations never show. bf16 cannot even represent those differences near Q ≈ 0.5 (its spacing
-there is 0.004); fp32 picks lean the same way.
-
-Hence the uncertainty cost β (SAILOR's ensemble-uncertainty cost): among candidates the critic
-cannot tell apart, prefer those whose outcome the world model's heads agree on, i.e. those leading
-where the model has seen data; the critic's extrapolation carries no such signal. Dividing by the
-state's mean disagreement makes β scale-free (β = 0.1 outweighs the ~0.002 spread of Q). On
-the checkpoint above (50 paired episodes each, same init states): β = 0 gave qwm 0.48 vs none 0.74,
-β = 0.01 0.34 vs 0.60, β = 0.1 0.68 vs 0.66 (+0.02 [−0.15, +0.19]): the drift is gone. Critic
-best-of-N has no world model and cannot use it (0.44-0.52 vs 0.72 on that checkpoint).
-
-It does not hold up on a fresh run (Can seed 0, 2026-12-04: none 0.50 vs qwm 0.05), and the oracle with 4
-rollouts per candidate says why no weighting of these terms can win there: the true success of a state's 8
-candidates differed by an sd of 0.000 (rollout noise 0.21), so the policy's per-step samples hold nothing to
-find, while the pick leaned −0.91 std per step along x. Gains need candidates whose outcomes differ.
-
-So β defaults to 0 (since 2026-12-04, with agent.q_weight = 2). Paired evaluations of the same checkpoints
-(`evaluate.py compare=...`, 50 episodes unless said): Can seed 0, policy alone 0.52: β = 0.1 0.08, β = 0 0.52;
-Square, policy alone 0.28, critic best-of-N 0.38: β = 0.1 0.14, β = 0 0.54 (+0.26 [+0.11, +0.41] over the
-policy); Lift (200 episodes), policy alone 0.960: β = 0.1 0.995, β = 0 0.990. On 512 states of that Can
-checkpoint's replay buffer the cost's own pick leans −0.22 std along x (where the heads agree, the data is
-dense): a cost that keeps the robot where the model has data may also keep it from where the task goes (a
-reading, not checked in videos). Fresh Can runs collected and evaluated with β = 0 still lose to the policy
-(seeds 0 / 1: −0.22 / −0.36; critic best-of-N −0.06 / −0.34): docs/results.md, search section.
-
-The tree value is noisy: its probe and leaf actions are policy samples, and two scorings of the same 8 candidates
-at 256 replay states of each of four Can checkpoints differ by an sd of 0.0004-0.0008, half of T's spread over the
-candidates (0.0009-0.0016). Tried and not kept (2026-12-05): common random numbers, every root action of a state
-scored with the same probe and leaf draws. The retest noise fell 3-5x (retest Spearman 0.5 → 0.9), but success did
-not rise where the critic ranks well (paired, 200 episodes each: Can-10 checkpoints 0.815 → 0.835, 0.790 → 0.790;
-the Lift few-demo recipe's two checkpoints 0.91 → 0.91, 0.93 → 0.92 over 100), and where it ranks badly it did not
-help either: on two Can-50 checkpoints 0.38 → 0.40 (50; policy alone 0.70) and 0.59 → 0.44 (−0.15 [−0.26, −0.04]
-over 100; policy alone 0.91). Independent draws randomise the pick, and where the ranking leans the same way at
-every state that randomness keeps the drift down (our reading of the second checkpoint).
-
-What does make the critic's ranking work is online steps on the policy's own outcomes: one Can-50 run (seed 0,
-collected without search) evaluated at its checkpoints, 100 paired episodes each, goes from QWM −0.32 at 20k
-online env steps through −0.05 / +0.02 / −0.03 at 30k / 40k / 50k to +0.08 at 60k (+0.090 [+0.043, +0.137] over
-200) and +0.04 / +0.065 at 80k / 100k (docs/results.md, search section). The default budget's 2000 steps are far
-below that.
-
-Both the loss on Can and the gain on Lift come from picks scored within a hair of the policy's own sample. Tried
-and not kept (2026-12-06): a margin δ, acting on the pick only if it scores ≥ δ above candidate 0 (a plain policy
-sample), else on candidate 0. On a default Can checkpoint 95% of the search's decisions come within 0.01 of
-candidate 0 (none beyond 0.03), on the few-demo Lift recipe's 77% (8% beyond 0.03; 160 visited states each).
-Paired, 100 episodes each: Can (policy alone 0.81, QWM 0.33), δ = 0.01: QWM 0.86, δ = 0.004: 0.81; Lift (policy
-alone 0.85, QWM 0.98), δ = 0.01: 0.86, δ = 0.004: 0.89. It makes the search harmless and takes its gain with it.
-
-The drift guard (`planner.drift_decay` ρ) goes at the lean instead. Per env the caller keeps ℓ ← ρ·ℓ + d, d the
-pick's deviation from its state's candidate mean in units of their per-dimension std (`AgentActor` does, from zero
-at each episode's start), and a candidate is eligible only if d·ℓ ≤ 0 (where none is, all are): a pick may lean the
-way the recent picks leaned only once their sum has decayed or been undone. A critic that prefers the same
-direction at every state then alternates instead of drifting (tests/test_qwm.py: a mean lean of ~0.07 std per
-decision against 1.6 unguarded), while the search still picks the best-scored of the eligible half. Paired, 100
-episodes, ρ = 0.9 (2026-12-06): the Can checkpoint above, QWM 0.29 → 0.78 (policy alone 0.85: −0.07 [−0.13, −0.01]
-left), best-of-N 0.78; the few-demo Lift checkpoint, QWM 0.93 → 0.91 (policy alone 0.84), best-of-N 0.89. Fresh
-default runs collected through it, 200 paired episodes: Can seeds 0 / 1 QWM −0.020 [−0.064, +0.024] / +0.040
-[+0.003, +0.077] against the policy alone (0.860 / 0.935), Lift +0.010 [−0.010, +0.030]. Hence the default ρ = 0.9.
-Where the lean is what works it costs: the few-demo Lift recipe, which clones the successes its search collects,
-trained with it ended at QWM 0.73 against 0.98 without (seed 0, 100 paired), so that recipe turns it off.
-
-What the guard leaves the scores (2026-12-06, 400 paired episodes per run, the 200 above and 200 more): on the two
-default Can runs QWM is −0.040 [−0.070, −0.010] / +0.043 [+0.017, +0.068] against the policy alone (0.880 / 0.940),
-and `selection="random"` (`compare=[...,guard]`: a random eligible candidate, no scores) says whose that is. The guard
-alone: −0.003 [−0.032, +0.027] / +0.028 [+0.000, +0.055]; what the scores add to it: −0.038 [−0.066, −0.009] /
-+0.015 [−0.005, +0.035]. So at the default budget the guard carries the search's gain where there is one, and the
-critic's ranking still costs on seed 0; on these runs 16 candidates, κ = 1, w = 0 or ρ = 0.5 did not change that
-(100 paired on seed 0: QWM 0.84 / 0.87 / 0.83 / 0.78 against 0.85 with the defaults, the policy alone 0.88).
-
-Where the scores cost, they cost at the edge of the candidate cloud: an argmax of a critic that cannot resolve its
-candidates favours the outliers, where it extrapolates. `support` keeps the pick among the share of candidates
-nearest their mean (per-dimension std units), a trust region on the policy's support (V-GPS and SAILOR keep their
-choices near the base policy too). At evaluation of the same two runs (they were collected with support 1), 400
-paired episodes each, support 0.5: seed 0 QWM 0.878 (−0.003 [−0.029, +0.024] against the policy; +0.037 [+0.015,
-+0.060] over support 1), seed 1 0.990 (+0.050 [+0.024, +0.076]; +0.007 [−0.007, +0.022] over support 1). Among
-the central half the scores do help on seed 0 (+0.040 [+0.006, +0.074] over a random central candidate, 200); on
-seed 1 nothing is left to split (+0.005). Not the default: not measured in training, where it also shapes the
-episodes collected, nor on Lift, Square or the recipes.
+Why each part (the measurements behind each: docs/results.md, "QWM search: the evidence behind each setting"):
+- The score mixes the critic's value of the action with the value the world model rolls out for it (w = ½, QWM's
+  ½(V_Q + V_r)): neither is safe alone at small budgets. λ weights depth d by λ^(d−1), as TD(λ) weights longer
+  returns: deeper estimates see more of the future but compound model error. The beam only chooses which nodes to
+  look at deeper; every sampled node of a depth enters its mean (nodes below the first depth descend from the
+  best-ranked ones, a mild optimism that J > 1 softens).
+- β, the world model's uncertainty cost (SAILOR's), prefers among candidates the critic cannot tell apart those
+  whose outcome the model's heads agree on; dividing by the state's mean disagreement makes it scale-free. It is
+  0 by default: on fresh runs it kept the robot where the model has data, not where the task goes.
+- The drift guard ρ (`drift_decay`): an argmax of a critic that cannot resolve its candidates leans the same way at
+  every state, and the arm drifts into states the demonstrations never show. Per env the caller keeps
+  ℓ ← ρ·ℓ + d, d the pick's deviation from its state's candidate mean in per-dimension std units (`AgentActor`
+  does, from zero at each episode's start), and a candidate is eligible only if d·ℓ ≤ 0 (where none is, all are):
+  a pick may lean the way the recent picks leaned only once their sum has decayed or been undone.
+- `support` keeps the pick among the share of candidates nearest their mean (a trust region on the policy's
+  support, as V-GPS and SAILOR keep their choices near the base policy): where the scores cost, they cost at the
+  edge of the candidate cloud, where the critic extrapolates.
+- `selection="random"` ignores the scores (a control: what the guard does by itself).
 
 Without a reward head r̂ = 0 and every estimate is made of Q values alone. That is exact for the
 robomimic and LIBERO tasks, which pay reward only on the success that ends the episode. A
@@ -168,10 +86,10 @@ class QWMConfig:
     # samples), ū the mean over the state's candidates (SAILOR's ensemble-uncertainty cost, scale-free).
     # Depth 0 (best-of-N by Q) has no world model to ask and ignores it. Off by default: see the module docstring.
     uncertainty: float = 0.0
-    # ρ: the drift guard (None: off). Per env the planner's caller keeps ℓ ← ρ·ℓ + d_pick, d the pick's deviation from
+    # ρ: the drift guard (None: off; 0.9 is conf/planner/qwm.yaml's too). Per env the planner's caller keeps ℓ ← ρ·ℓ + d_pick, d the pick's deviation from
     # its state's candidate mean in units of their per-dimension std; a candidate is eligible only if d·ℓ ≤ 0, so
     # the picks cannot keep leaning one way (see the module docstring). 0.9: ℓ remembers ~10 decisions.
-    drift_decay: float | None = None
+    drift_decay: float | None = 0.9
     # The share of the N candidates, those nearest their mean (in per-dimension std units), the search may pick: a
     # trust region on the policy's support, where the critic has seen actions like them. 1: all (see the module
     # docstring for what 0.5 did).
