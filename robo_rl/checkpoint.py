@@ -41,17 +41,17 @@ import shutil
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.agents.sorl import SORLAgent, SORLConfig
 from robo_rl.core import ACTION_DIM
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.planning.actor import AgentActor
 from robo_rl.planning.qwm import QWMConfig, QWMPlanner
-from robo_rl.utils.schema import ConfigError, from_dict
+from robo_rl.utils.schema import ConfigError, from_dict, to_plain
 from robo_rl.utils.seeding import rng_state, set_rng_state
 
 KEEP_LAST = 2
@@ -63,14 +63,14 @@ ACTING_SETTINGS = ("sample_steps", "best_of_n", "execute_steps")
 
 
 # -- building from config groups ---------------------------------------------------------------
-def _group(node: Mapping | DictConfig) -> dict:
-    """A config group as a plain dict without its `name`."""
-    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+def _group(node: Any) -> dict:
+    """A config group (typed, OmegaConf or a dict) as a plain dict without its `name`."""
+    raw = to_plain(node)
     raw.pop("name", None)
     return raw
 
 
-def agent_settings(agent_cfg: Mapping | DictConfig, compile: bool = False) -> SORLConfig:
+def agent_settings(agent_cfg: Any, compile: bool = False) -> SORLConfig:
     """SORLConfig of an `agent` group (typed and range-checked); `compile` is the top-level `compile=`."""
     raw = _group(agent_cfg)
     if "compile" in raw:
@@ -78,7 +78,7 @@ def agent_settings(agent_cfg: Mapping | DictConfig, compile: bool = False) -> SO
     return from_dict(SORLConfig, {**raw, "compile": compile}, "agent")
 
 
-def build_agent(agent_cfg: Mapping | DictConfig, obs_shapes: dict[str, tuple[int, ...]], num_tasks: int,
+def build_agent(agent_cfg: Any, obs_shapes: dict[str, tuple[int, ...]], num_tasks: int,
                 device: str | torch.device = "cpu", compile: bool = False,
                 instruction_embeddings: torch.Tensor | None = None) -> SORLAgent:
     """The SORLAgent an `agent` group describes, for observations `obs_shapes` and task ids < num_tasks.
@@ -92,15 +92,15 @@ def build_agent(agent_cfg: Mapping | DictConfig, obs_shapes: dict[str, tuple[int
     return agent
 
 
-def build_planner(planner_cfg: Mapping | DictConfig | None, gamma: float) -> QWMPlanner | None:
-    """The search a `planner` group describes, discounting by `gamma` (the critic's, train.gamma);
-    None for no group or `name: none`."""
-    if planner_cfg is None or planner_cfg["name"] == "none":
+def build_planner(planner_cfg: Any, gamma: float) -> QWMPlanner | None:
+    """The search a `planner` group describes (typed, OmegaConf or a dict), discounting by `gamma` (the critic's,
+    train.gamma); None for no group or `name: none`."""
+    if planner_cfg is None or to_plain(planner_cfg)["name"] == "none":
         return None
     return QWMPlanner(from_dict(QWMConfig, _group(planner_cfg), "planner"), gamma)
 
 
-def build_actor(agent: SORLAgent, planner_cfg: Mapping | DictConfig | None, gamma: float, seed: int,
+def build_actor(agent: SORLAgent, planner_cfg: Any, gamma: float, seed: int,
                 best_of_n: int | None = None, param_noise_std: float = 0.0, num_groups: int = 1) -> AgentActor:
     """`agent` acting through the search `planner_cfg` describes (None or `none`: the policy alone).
 
@@ -114,11 +114,11 @@ def build_actor(agent: SORLAgent, planner_cfg: Mapping | DictConfig | None, gamm
 
 
 # -- checkpoint files --------------------------------------------------------------------------
-def agent_snapshot(cfg: DictConfig, agent: SORLAgent, phase: str, offline_step: int, env_steps: int) -> dict:
+def agent_snapshot(cfg: Any, agent: SORLAgent, phase: str, offline_step: int, env_steps: int) -> dict:
     """What rebuilds and evaluates the agent (a curve checkpoint, module docstring): weights, config, counters."""
     return {
         "agent": agent.state_dict(),
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": to_plain(cfg),
         "obs_shapes": agent.encoder.obs_shapes,
         "num_tasks": agent.encoder.num_tasks,
         "phase": phase,
@@ -127,7 +127,7 @@ def agent_snapshot(cfg: DictConfig, agent: SORLAgent, phase: str, offline_step: 
     }
 
 
-def training_state(cfg: DictConfig, agent: SORLAgent, phase: str, offline_step: int, env_steps: int) -> dict:
+def training_state(cfg: Any, agent: SORLAgent, phase: str, offline_step: int, env_steps: int) -> dict:
     """What a checkpoint holds (module docstring): everything to resume `phase` ("offline" | "online")."""
     return {**agent_snapshot(cfg, agent, phase, offline_step, env_steps),
             "optimizer": agent.optimizer.state_dict(), "rng": rng_state()}
@@ -375,8 +375,8 @@ def agent_from_checkpoint(state: dict, device: str | torch.device = "cpu",
     return agent
 
 
-def actor_from_checkpoint(state: dict, cfg: DictConfig, **actor_kwargs) -> AgentActor:
+def actor_from_checkpoint(state: dict, cfg: Any, **actor_kwargs) -> AgentActor:
     """The checkpoint's agent acting as `cfg` says: through `cfg.planner` (discounted by the checkpoint's
     train.gamma), with cfg.agent's acting settings (sample_steps, best_of_n, execute_steps), seeded by cfg.seed."""
-    agent = agent_from_checkpoint(state, cfg.device, {k: cfg.agent[k] for k in ACTING_SETTINGS})
+    agent = agent_from_checkpoint(state, cfg.device, {k: getattr(cfg.agent, k) for k in ACTING_SETTINGS})
     return build_actor(agent, cfg.planner, state["config"]["train"]["gamma"], cfg.seed, **actor_kwargs)

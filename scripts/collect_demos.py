@@ -19,12 +19,13 @@ prepare_openmp()  # before torch loads (the config check imports it): OpenMP rea
 
 @command("collect_demos")
 def main(cfg: DictConfig) -> None:
-    from robo_rl.config import stop_on_bad_input
+    from robo_rl.config import stop_on_bad_input, typed
     from robo_rl.data.hdf5 import write_robomimic
     from robo_rl.demos.collect import collect_demos, collect_libero_demos
     from robo_rl.envs import env_spec
 
     with stop_on_bad_input():
+        cfg = typed(cfg)
         spec = env_spec(cfg)
         if spec.suite == "libero":
             files = collect_libero_demos(spec, cfg.task.expert, cfg.num_demos, cfg.output, noise=cfg.noise,

@@ -13,10 +13,11 @@ prepare_openmp()  # before torch loads (the config check imports it): OpenMP rea
 
 @command("convert_robosuite")
 def main(cfg: DictConfig) -> None:
-    from robo_rl.config import stop_on_bad_input
+    from robo_rl.config import stop_on_bad_input, typed
     from robo_rl.demos.convert import convert_robosuite
 
     with stop_on_bad_input():
+        cfg = typed(cfg)
         reports = convert_robosuite(cfg.input, cfg.output, tuple(cfg.cameras), cfg.image_size,
                                     valid_fraction=cfg.valid_fraction, drop_idle=cfg.drop_idle,
                                     track_path=cfg.track_path)

@@ -17,12 +17,12 @@ prepare_openmp()  # before torch loads (the config check imports it): OpenMP rea
 
 @command("evaluate")
 def main(cfg: DictConfig) -> None:
-    from robo_rl.config import stop_on_bad_input
+    from robo_rl.config import stop_on_bad_input, typed
     from robo_rl.eval.runner import run_evaluation
 
     hydra_cfg = HydraConfig.get()
     with stop_on_bad_input():
-        run_evaluation(cfg, hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task))
+        run_evaluation(typed(cfg), hydra_cfg.runtime.output_dir, list(hydra_cfg.overrides.task))
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ prepare_openmp()  # before torch loads (the config check imports it): OpenMP rea
 
 @command("generate_demos")
 def main(cfg: DictConfig) -> None:
-    from robo_rl.config import stop_on_bad_input
+    from robo_rl.config import stop_on_bad_input, typed
     from robo_rl.demos.generate import generate_demos
 
     with stop_on_bad_input():  # the config check (robo_rl/config.py) has made sure the source is of the task
+        cfg = typed(cfg)
         report = generate_demos(cfg.source, cfg.output, cfg.num_demos, cfg.task.object_symmetry, noise=cfg.noise,
                                 seed=cfg.seed, max_attempts=cfg.max_attempts, valid_fraction=cfg.valid_fraction)
     print(f"[generate] {report.generated} of {report.attempts} executions succeeded "

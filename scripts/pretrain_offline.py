@@ -14,11 +14,11 @@ prepare_openmp()  # before torch loads (the config check imports it): OpenMP rea
 
 @command("pretrain_offline")
 def main(cfg: DictConfig) -> None:
-    from robo_rl.config import stop_on_bad_input
+    from robo_rl.config import stop_on_bad_input, typed
     from robo_rl.train.run import run
 
     with stop_on_bad_input():
-        run(cfg, HydraConfig.get().runtime.output_dir, online=False)
+        run(typed(cfg), HydraConfig.get().runtime.output_dir, online=False)
 
 
 if __name__ == "__main__":

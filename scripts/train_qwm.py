@@ -15,11 +15,11 @@ prepare_openmp()  # before torch loads (the config check imports it): OpenMP rea
 
 @command("config")
 def main(cfg: DictConfig) -> None:
-    from robo_rl.config import stop_on_bad_input
+    from robo_rl.config import stop_on_bad_input, typed
     from robo_rl.train.run import run
 
     with stop_on_bad_input():
-        run(cfg, HydraConfig.get().runtime.output_dir, online=True)
+        run(typed(cfg), HydraConfig.get().runtime.output_dir, online=True)
 
 
 if __name__ == "__main__":

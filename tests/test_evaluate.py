@@ -14,7 +14,6 @@ from robo_rl.envs import env_spec
 from robo_rl.envs.vector import VecEnv
 from robo_rl.eval.policies import RandomPolicy
 from robo_rl.eval.rollout import evaluate_actors
-from robo_rl.eval.runner import PLANNER_CONF, compare_actors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,9 +77,16 @@ def test_actors_share_each_episodes_initial_state(lift_spec):
     assert "search_gain" not in result  # no "qwm" actor
 
 
-def test_unknown_compare_actor_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"\['beam'\].*valid actors: \['none', 'guard', 'best_of_n', 'qwm'\]"):
-        compare_actors(OmegaConf.create({"planner": {"name": "none"}}), {}, ["none", "beam"])
-    unguarded = OmegaConf.merge(OmegaConf.load(PLANNER_CONF / "qwm.yaml"), {"drift_decay": None})
-    with pytest.raises(ValueError, match="guard.*planner.drift_decay=null"):
-        compare_actors(OmegaConf.create({"planner": unguarded}), {}, ["none", "guard"])
+def test_unknown_compare_actor_and_a_guard_without_the_guard_are_refused():
+    from robo_rl.config import ConfigError, validate
+    from robo_rl.eval.runner import check_evaluation
+    from robo_rl.schemas import EvaluateConfig
+    from robo_rl.utils.schema import from_dict, to_plain
+    from test_bad_inputs import compose_config
+
+    with pytest.raises(ConfigError, match=r"compare\[1\]='beam'.*none, guard, best_of_n, qwm"):
+        validate(compose_config("evaluate", ["compare=[none,beam]"]), "evaluate")
+    node = to_plain(validate(compose_config("evaluate", ["planner=qwm", "planner.drift_decay=null"]), "evaluate"))
+    unguarded = from_dict(EvaluateConfig, {**node, "checkpoint": "run", "compare": ["none", "guard"]})
+    with pytest.raises(ConfigError, match="guard.*planner.drift_decay=null"):
+        check_evaluation(unguarded, None, [])

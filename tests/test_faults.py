@@ -243,7 +243,8 @@ def test_a_full_disk_leaves_the_previous_checkpoint_pair_loadable(tmp_path, monk
     for t in range(5):
         buffer.add({"x": torch.full((1, 3), float(t))}, torch.zeros(1, 2), torch.zeros(1), torch.zeros(1, dtype=bool),
                    torch.zeros(1, dtype=bool), {"x": torch.full((1, 3), t + 1.0)})
-    state = {"offline_step": 0, "env_steps": 5, "phase": "online"}
+    state = {"agent": {}, "config": {}, "obs_shapes": {}, "num_tasks": 1, "offline_step": 0, "env_steps": 5,
+             "phase": "online"}
     save_checkpoint(tmp_path, 5, state, buffer)
     buffer.add({"x": torch.full((1, 3), 6.0)}, torch.zeros(1, 2), torch.zeros(1), torch.zeros(1, dtype=bool),
                torch.zeros(1, dtype=bool), {"x": torch.full((1, 3), 7.0)})

@@ -120,3 +120,18 @@ def test_each_default_is_stated_once_the_yaml_agrees_with_the_dataclass():
                          (SORLConfig, CONF / "agent" / "size" / "gpu.yaml")):
         yaml_node = OmegaConf.to_container(OmegaConf.load(path))  # as Hydra reads it (3e-4 is a number)
         assert not _differences(schema, yaml_node), (path, _differences(schema, yaml_node))
+
+
+def test_scripts_hand_on_the_typed_config_and_it_survives_a_checkpoint():
+    """validate() returns the typed config the library takes; recorded as plain values (checkpoints, metrics) it
+    rebuilds into the same typed config."""
+    from robo_rl.envs import env_spec
+    from robo_rl.schemas import EvaluateConfig, TrainConfig
+    from robo_rl.utils.schema import from_dict, to_plain
+
+    cfg = validate(compose_config("config", ["task=libero_10", "env=state"]), "config")
+    assert isinstance(cfg, TrainConfig) and isinstance(cfg.task.task_ids, tuple | type(None))
+    spec = env_spec(cfg)
+    assert spec.suite == "libero" and spec.low_dim_keys == cfg.task.obs_keys["state"].low_dim
+    assert from_dict(TrainConfig, to_plain(cfg)) == cfg
+    assert isinstance(validate(compose_config("evaluate", ["policy=random"]), "evaluate"), EvaluateConfig)

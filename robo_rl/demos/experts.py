@@ -90,7 +90,7 @@ EXPERTS = {"lift": LiftExpert, "can": CanExpert, "square": SquareExpert, "libero
 
 def make_expert(task_cfg, num_envs: int, noise: float = 0.0, seed: int = 0):
     """The scripted expert of a task config (`task.expert`), or a clear error when there is none."""
-    name = task_cfg.get("expert")
+    name = getattr(task_cfg, "expert", None)
     if name not in EXPERTS:
         raise ValueError(f"task {task_cfg.name!r} has no scripted expert (available: {sorted(EXPERTS)}); "
                          f"pass a dataset with dataset=PATH")

@@ -1,7 +1,7 @@
 """Batched environments: `make_vec_env(cfg)` builds the backend the config asks for."""
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from typing import Any
 
 from robo_rl.envs.spec import EnvSpec
 from robo_rl.envs.vector import StepResult, VecEnv
@@ -9,10 +9,11 @@ from robo_rl.envs.vector import StepResult, VecEnv
 __all__ = ["EnvSpec", "StepResult", "VecEnv", "env_spec", "make_vec_env"]
 
 
-def env_spec(cfg: DictConfig, render: bool = False) -> EnvSpec:
-    """EnvSpec for `cfg.task` observed through `cfg.env.modality`; `render` adds a video renderer.
-    Training configs with `train.reward_shaping` shape its rewards with the critic's discount."""
-    task, env, train = cfg.task, cfg.env, cfg.get("train")
+def env_spec(cfg: Any, render: bool = False) -> EnvSpec:
+    """EnvSpec for `cfg.task` observed through `cfg.env.modality` (a script's typed config, robo_rl/config.py);
+    `render` adds a video renderer. Training configs with `train.reward_shaping` shape its rewards with the
+    critic's discount."""
+    task, env, train = cfg.task, cfg.env, getattr(cfg, "train", None)
     if env.modality not in task.obs_keys:
         raise ValueError(f"env.modality={env.modality!r} is not defined for task {task.name!r}; "
                          f"choose one of {list(task.obs_keys)}")
@@ -31,11 +32,11 @@ def env_spec(cfg: DictConfig, render: bool = False) -> EnvSpec:
         horizon=task.horizon,
         task_ids=tuple(task_ids),
         render_size=env.render_size if render else 0,
-        shaping_gamma=train.gamma if train is not None and train.get("reward_shaping") else 0.0,
+        shaping_gamma=train.gamma if train is not None and train.reward_shaping else 0.0,
     )
 
 
-def make_vec_env(cfg: DictConfig, num_envs: int | None = None, render: bool = False, autoreset: bool = True):
+def make_vec_env(cfg: Any, num_envs: int | None = None, render: bool = False, autoreset: bool = True):
     """The configured backend with `num_envs` (default `cfg.env.num_envs`) envs."""
     spec = env_spec(cfg, render)
     num_envs = num_envs or cfg.env.num_envs

@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from dataclasses import replace
+
+from omegaconf import OmegaConf
 
 from robo_rl.agents.sorl import check_execute_steps
 from robo_rl.checkpoint import (
@@ -30,14 +32,15 @@ from robo_rl.eval.journal import EPISODES_FILE, EpisodeJournal
 from robo_rl.eval.policies import RandomPolicy
 from robo_rl.eval.rollout import Policy, eval_seed, evaluate, evaluate_actors
 from robo_rl.utils.logging import write_json
-from robo_rl.utils.schema import ConfigError
+from robo_rl.schemas import EvaluateConfig, PlannerConfig
+from robo_rl.utils.schema import ConfigError, from_dict, to_plain
 from robo_rl.utils.shutdown import GracefulStop, StopRequested
 from robo_rl.utils.threads import apply_thread_policy, describe
 
-PLANNER_CONF = Path(__file__).resolve().parents[2] / "conf" / "planner"
+QWM_DEFAULTS = PlannerConfig(name="qwm")  # conf/planner/qwm.yaml states the same (tests/test_settings.py)
 
 
-def make_eval_policy(cfg: DictConfig, num_envs: int, action_dim: int, checkpoint: dict | None = None):
+def make_eval_policy(cfg: EvaluateConfig, num_envs: int, action_dim: int, checkpoint: dict | None = None):
     """The policy `cfg.policy` names: random, scripted (the task's expert), or a loaded checkpoint."""
     if checkpoint is not None:
         return actor_from_checkpoint(checkpoint, cfg)
@@ -49,13 +52,13 @@ def make_eval_policy(cfg: DictConfig, num_envs: int, action_dim: int, checkpoint
                      "checkpoint=PATH")
 
 
-def qwm_planner_config(planner_cfg: DictConfig) -> DictConfig:
+def qwm_planner_config(planner_cfg: PlannerConfig) -> PlannerConfig:
     """The QWM search settings to compare or diagnose with: `planner_cfg` itself when it is a qwm planner (the one
-    the checkpoint trained with, or the command line's), else conf/planner/qwm.yaml."""
-    return planner_cfg if planner_cfg.name == "qwm" else OmegaConf.load(PLANNER_CONF / "qwm.yaml")
+    the checkpoint trained with, or the command line's), else the defaults (conf/planner/qwm.yaml's)."""
+    return planner_cfg if planner_cfg.name == "qwm" else QWM_DEFAULTS
 
 
-def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[str, Policy]:
+def compare_actors(cfg: EvaluateConfig, checkpoint: dict, names: list[str]) -> dict[str, Policy]:
     """The checkpoint's agent (rebuilt once) wrapped as each of `names`:
 
     none: the policy's own sample (best_of_n=1); qwm: QWM search; best_of_n: the best of the search's N
@@ -66,32 +69,33 @@ def compare_actors(cfg: DictConfig, checkpoint: dict, names: list[str]) -> dict[
     The checkpoint's agent acts with cfg.agent's sample_steps; the searches discount by its train.gamma.
     """
     qwm = qwm_planner_config(cfg.planner)
-    planners = {"none": None, "guard": OmegaConf.merge(qwm, {"depth": 0, "selection": "random"}),
-                "best_of_n": OmegaConf.merge(qwm, {"depth": 0}), "qwm": qwm}
-    agent = agent_from_checkpoint(checkpoint, cfg.device, {k: cfg.agent[k] for k in ACTING_SETTINGS})
+    planners = {"none": None, "guard": replace(qwm, depth=0, selection="random"), "best_of_n": replace(qwm, depth=0),
+                "qwm": qwm}
+    agent = agent_from_checkpoint(checkpoint, cfg.device, {k: getattr(cfg.agent, k) for k in ACTING_SETTINGS})
     gamma = checkpoint["config"]["train"]["gamma"]
     return {n: build_actor(agent, planners[n], gamma, cfg.seed, best_of_n=1) for n in names}
 
 
-def check_evaluation(cfg: DictConfig, checkpoint: dict | None, overrides: Sequence[str]) -> tuple[DictConfig, dict | None]:
+def check_evaluation(cfg: EvaluateConfig, checkpoint: dict | None,
+                     overrides: Sequence[str]) -> tuple[EvaluateConfig, dict | None]:
     """ConfigError for an evaluation that cannot run as asked (before its run directory exists); else the config it
     runs with and, for a checkpoint, its acting settings and their sources (`_as_trained`)."""
     acting = None
     if checkpoint is not None:
         cfg, acting = _as_trained(cfg, checkpoint["config"], overrides)
-    if cfg.compare and "guard" in cfg.compare and qwm_planner_config(cfg.planner).get("drift_decay") is None:
+    if cfg.compare and "guard" in cfg.compare and qwm_planner_config(cfg.planner).drift_decay is None:
         raise ConfigError("compare=[...,guard] isolates the drift guard, which planner.drift_decay=null turns off: "
                           "drop guard from compare, or set planner.drift_decay (conf/planner/qwm.yaml: 0.9)")
     return cfg, acting
 
 
-def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -> dict:
+def run_evaluation(cfg: EvaluateConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -> dict:
     """Evaluate as cfg says and write run_dir/eval.json; `overrides`: the command line's key=value overrides."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = apply_thread_policy(cfg.threads)
     print(describe(threads), flush=True)
-    checkpoint = load_checkpoint(cfg.checkpoint, cfg.device) if cfg.get("checkpoint") else None
+    checkpoint = load_checkpoint(cfg.checkpoint, cfg.device) if cfg.checkpoint else None
     cfg, acting = check_evaluation(cfg, checkpoint, overrides)
     if acting is not None:
         print(describe_acting(acting), flush=True)
@@ -127,7 +131,7 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
         result.update(checkpoint=str(cfg.checkpoint), episodes=episodes)
         print_table(result)
     else:
-        result["policy"] = str(cfg.checkpoint) if cfg.get("checkpoint") else cfg.policy
+        result["policy"] = str(cfg.checkpoint) if cfg.checkpoint else cfg.policy
         result["planner"] = cfg.planner.name
         lo, hi = result["success_ci"]
         print(f"[eval] {cfg.task.name}: success {result['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] over "
@@ -137,17 +141,17 @@ def run_evaluation(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str
     return result
 
 
-def _journal_settings(cfg: DictConfig) -> dict:
+def _journal_settings(cfg: EvaluateConfig) -> dict:
     """What makes the episodes of two evaluations the same episodes, besides each job's identity (actor,
     task, init state, seed): what is evaluated, on which observations and step limit, acting how."""
-    found = latest_checkpoint(cfg.checkpoint) if cfg.get("checkpoint") else None
+    found = latest_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
     return {"task": cfg.task.name, "horizon": cfg.task.horizon, "modality": cfg.env.modality,
             "image_size": cfg.env.image_size, "policy": str(found.resolve()) if found else cfg.policy,
-            "compare": list(cfg.compare or []), "planner": OmegaConf.to_container(cfg.planner, resolve=True),
-            "acting": {k: cfg.agent[k] for k in ACTING_SETTINGS} if found else None}
+            "compare": list(cfg.compare or []), "planner": to_plain(cfg.planner),
+            "acting": {k: getattr(cfg.agent, k) for k in ACTING_SETTINGS} if found else None}
 
 
-def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> tuple[DictConfig, dict]:
+def _as_trained(cfg: EvaluateConfig, trained: dict, overrides: Sequence[str]) -> tuple[EvaluateConfig, dict]:
     """cfg with what the checkpoint was trained with, and where each acting setting came from.
 
     The env must observe what the agent was trained on, so task and observation settings come from the
@@ -167,27 +171,30 @@ def _as_trained(cfg: DictConfig, trained: dict, overrides: Sequence[str]) -> tup
         raise ConfigError(f"agent.{unknown[0]}: a checkpoint's agent is rebuilt as it was trained; evaluate.py "
                           f"may set only {', '.join('agent.' + k for k in ACTING_SETTINGS)}")
     # a checkpoint saved before a setting existed acts with the setting's default
-    acting = {k: cfg.agent[k] if k in acting_asked else trained["agent"].get(k, cfg.agent[k]) for k in ACTING_SETTINGS}
+    asked_acting = {k: getattr(cfg.agent, k) for k in ACTING_SETTINGS}
+    acting = {k: asked_acting[k] if k in acting_asked else trained["agent"].get(k, asked_acting[k]) for k in ACTING_SETTINGS}
     sources = {f"agent.{k}": "command line" if k in acting_asked else "checkpoint" for k in ACTING_SETTINGS}
     try:
         check_execute_steps(acting["execute_steps"], trained["agent"]["action_horizon"])
     except ValueError as e:
         raise ConfigError(f"{e} (checkpoint={cfg.checkpoint})") from None
-    planner, sources["planner"] = cfg.planner, "command line (planner=)"
+    planner, sources["planner"] = to_plain(cfg.planner), "command line (planner=)"
     if "planner" not in keys:
-        tweaks = OmegaConf.from_dotlist([o for o, k in zip(overrides, keys) if k.startswith("planner.")])
+        tweaks = {k.removeprefix("planner."): getattr(cfg.planner, k.removeprefix("planner."))
+                  for k in keys if k.startswith("planner.")}  # as the command line set them, typed
         own = trained.get("planner") or {"name": "none"}
-        # planner.* settings for a run that trained without search: on conf's search, which it has none of its own
+        # planner.* settings for a run that trained without search: on the default search, having none of its own
         from_conf = own["name"] == "none" and bool(tweaks)
-        planner = OmegaConf.merge(OmegaConf.load(PLANNER_CONF / "qwm.yaml") if from_conf else own,
-                                  tweaks.get("planner", {}))
+        planner = {**(to_plain(QWM_DEFAULTS) if from_conf else own), **tweaks}
         sources["planner"] = ("conf/planner/qwm.yaml (the run trained without search)" if from_conf else "checkpoint"
-                              ) + (f", {', '.join(tweaks.planner)} from the command line" if tweaks else "")
-    cfg = OmegaConf.merge(cfg, {"task": trained["task"], "agent": acting, "env": {
-        k: trained["env"][k] for k in ("modality", "image_size")}},
-        OmegaConf.from_dotlist([o for o in overrides if o.startswith("task.")]))
-    cfg.planner = planner
-    return cfg, {"planner": OmegaConf.to_container(planner, resolve=True), "sources": sources}
+                              ) + (f", {', '.join(tweaks)} from the command line" if tweaks else "")
+    task = OmegaConf.merge(trained["task"], OmegaConf.from_dotlist(  # task.* overrides still apply (task.horizon=30)
+        [o.removeprefix("task.") for o in overrides if o.startswith("task.")]))
+    plain = to_plain(cfg)
+    cfg = from_dict(type(cfg), {**plain, "task": to_plain(task), "agent": {**plain["agent"], **acting},
+                                "env": {**plain["env"], **{k: trained["env"][k] for k in ("modality", "image_size")}},
+                                "planner": planner})
+    return cfg, {"planner": planner, "sources": sources}
 
 
 def describe_acting(acting: dict) -> str:

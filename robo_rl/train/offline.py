@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
 
 from robo_rl.agents.sorl import SORLAgent
 from robo_rl.data.buffer import ReplayBuffer
+from robo_rl.schemas import TrainConfig
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
 from robo_rl.utils.logging import RunLogger, progress_bar, write_json
@@ -25,7 +25,7 @@ class OfflineTrainer(Trainer):
 
     phase = "offline"
 
-    def __init__(self, cfg: DictConfig, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger, run_dir: Path,
+    def __init__(self, cfg: TrainConfig, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger, run_dir: Path,
                  progress: Progress, curve: LearningCurve, stop: GracefulStop | None = None):
         super().__init__(cfg, None, agent, buffer, logger, run_dir, progress, stop)
         self.curve = curve

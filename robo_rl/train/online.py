@@ -10,12 +10,12 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
 
 from robo_rl.agents.sorl import SORLAgent
 from robo_rl.checkpoint import build_actor
 from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.envs import env_spec
+from robo_rl.schemas import TrainConfig
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.sources import demo_starts
 from robo_rl.train.trainer import OFFLINE_EVAL, Progress, Trainer
@@ -39,7 +39,7 @@ class OnlineTrainer(Trainer):
 
     phase = "online"
 
-    def __init__(self, cfg: DictConfig, env, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger,
+    def __init__(self, cfg: TrainConfig, env, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger,
                  run_dir: Path, progress: Progress, curve: LearningCurve, stop: GracefulStop | None = None,
                  continuation: dict | None = None):
         super().__init__(cfg, env, agent, buffer, logger, run_dir, progress, stop)

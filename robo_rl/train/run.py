@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.checkpoint import (
     build_agent, check_resume, check_room_for_checkpoints, checkpoint_size, latest_checkpoint, load_buffer, load_checkpoint,
@@ -32,6 +32,7 @@ from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.data.language import instruction_embeddings
 from robo_rl.envs import EnvSpec, env_spec, make_vec_env
 from robo_rl.envs.libero import task_instructions
+from robo_rl.schemas import TrainConfig
 from robo_rl.train.curves import LearningCurve
 from robo_rl.train.offline import OfflineTrainer
 from robo_rl.train.online import OnlineTrainer
@@ -47,7 +48,7 @@ from robo_rl.utils.threads import apply_thread_policy, describe
 INSTRUCTION_CACHE = "instruction_embeddings.json"
 
 
-def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
+def run(cfg: TrainConfig, run_dir: str | Path, online: bool = True) -> dict:
     """Train as configured; returns (and writes to run_dir/eval.json) the final evaluation ({} on ranks
     other than 0)."""
     started = time.time()
@@ -70,7 +71,7 @@ def run(cfg: DictConfig, run_dir: str | Path, online: bool = True) -> dict:
             release_run_dir(run_dir)
 
 
-def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, threads: dict, started: float,
+def _run(cfg: TrainConfig, run_dir: Path, online: bool, rank: int, world: int, threads: dict, started: float,
          stop: GracefulStop) -> dict:
     """`run` in a run directory this process holds (rank 0), with the thread policy applied; a signal that `stop`
     caught ends training at its next step boundary, or the final evaluation at once."""
@@ -114,7 +115,7 @@ def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, th
                 seed_everything(distributed.rank_seed(cfg.seed) + progress.step)
                 buffer.reseed(distributed.rank_seed(cfg.seed) + progress.step)  # else: rank 0's replay batches
         logger = RunLogger(run_dir if rank == 0 else run_dir / f"rank{rank}",
-                           cfg if rank == 0 else OmegaConf.merge(cfg, {"logger": {"mode": "disabled"}}),
+                           cfg if rank == 0 else replace(cfg, logger=replace(cfg.logger, mode="disabled")),
                            name=f"{cfg.task.name}-{run_dir.name}", resume_step=-1 if state is None else progress.step)
         logger.log({f"threads/{k}": v for k, v in threads.items()}, progress.step)  # what this process computes with
         best_of_n = cfg.agent.best_of_n
@@ -155,7 +156,7 @@ def _run(cfg: DictConfig, run_dir: Path, online: bool, rank: int, world: int, th
     return result
 
 
-def _checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> dict | None:
+def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path) -> dict | None:
     """The newest checkpoint of run_dir to resume from (None: start fresh), as `cfg.resume` asks (`check_resume`)."""
     check_resume(cfg.resume, run_dir)
     found = latest_checkpoint(run_dir) if cfg.resume else None
@@ -166,7 +167,7 @@ def _checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> dict | None:
     return load_checkpoint(found, cfg.device) if found else None
 
 
-def _instruction_table(cfg: DictConfig, spec: EnvSpec, run_dir: Path) -> torch.Tensor | None:
+def _instruction_table(cfg: TrainConfig, spec: EnvSpec, run_dir: Path) -> torch.Tensor | None:
     """[num_tasks, D] embeddings of the suite's instructions (row t: task t) when the encoder is conditioned
     on language, read from run_dir/instruction_embeddings.json or computed once and written there."""
     if cfg.agent.encoder.task != "language" or spec.num_tasks < 2:  # one task: nothing to condition on
@@ -175,7 +176,7 @@ def _instruction_table(cfg: DictConfig, spec: EnvSpec, run_dir: Path) -> torch.T
     return instruction_embeddings(instructions, run_dir / INSTRUCTION_CACHE)
 
 
-def build_buffer(cfg: DictConfig, shapes: dict, demos: Demos) -> ReplayBuffer:
+def build_buffer(cfg: TrainConfig, shapes: dict, demos: Demos) -> ReplayBuffer:
     """Room for every online step (and two per env), the demonstrations added (read from their files as
     they go in, when they come from files); pinned host memory on CUDA."""
     pin = "cuda" in str(cfg.device)

@@ -9,7 +9,7 @@ from itertools import chain
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from robo_rl.core import ACTION_DIM, obs_shapes
 from robo_rl.data.hdf5 import (DatasetError, Episode, dataset_files, demo_lengths, iter_hdf5, read_env_args,
@@ -18,6 +18,7 @@ from robo_rl.demos.collect import collect_demos, collect_libero_demos
 from robo_rl.envs.libero import task_instructions, task_of_instruction
 from robo_rl.envs.robosuite import RobosuiteEnv
 from robo_rl.envs.spec import EnvSpec
+from robo_rl.schemas import TrainConfig
 from robo_rl.utils.schema import ConfigError
 
 TASK_CONF = Path(__file__).resolve().parents[2] / "conf" / "task"
@@ -46,7 +47,7 @@ class Demos:
         return cls(episodes, [e.num_steps for e in episodes], obs_shapes(episodes[0].obs) if episodes else {})
 
 
-def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> Demos:
+def offline_episodes(cfg: TrainConfig, spec: EnvSpec) -> Demos:
     """Demonstrations to pretrain on: `dataset=PATH` (file or folder of HDF5 files, read as the buffer
     takes them in), else the task's scripted demos (generated on first use, cached under `demo_cache`),
     else none (online from scratch)."""
@@ -57,7 +58,7 @@ def offline_episodes(cfg: DictConfig, spec: EnvSpec) -> Demos:
         episodes = _read_datasets(paths, spec, cfg.task.horizon)
         first = next(episodes)  # its shapes build the agent and the buffer before the rest is read
         return Demos(chain([first], episodes), lengths, obs_shapes(first.obs))
-    if cfg.task.get("expert"):
+    if cfg.task.expert:
         return Demos.of(scripted_demos(cfg, spec))
     print(f"[data] no demonstrations for task {cfg.task.name} (pass dataset=PATH to pretrain on a "
           f"Robomimic/LIBERO HDF5 file): starting online from scratch")
@@ -93,7 +94,7 @@ def check_pace(rewards: Iterable[np.ndarray], horizon: int, source) -> None:
               f"can succeed; pass task.horizon={int(1.25 * max(steps))}", flush=True)
 
 
-def scripted_demos(cfg: DictConfig, spec: EnvSpec) -> list[Episode]:
+def scripted_demos(cfg: TrainConfig, spec: EnvSpec) -> list[Episode]:
     """The task's scripted demos, from the cache or collected now and cached: robomimic HDF5, or for a LIBERO
     suite a folder of LIBERO files, `budget.num_demos` demos of each task in one file per task (as the
     official datasets come)."""
@@ -154,7 +155,7 @@ class DemoStart:
     gripper_command: float
 
 
-def demo_starts(cfg: DictConfig, spec: EnvSpec) -> list[DemoStart]:
+def demo_starts(cfg: TrainConfig, spec: EnvSpec) -> list[DemoStart]:
     """Every step t >= 1 of every demo (`dataset=` or the scripted ones) as a DemoStart. Nair et al. 2018
     ("Overcoming exploration with demonstrations") reset to demo states so that sparse-reward episodes
     begin where success is a few steps away; from a handful of demos, episodes from the env's reset alone

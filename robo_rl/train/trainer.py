@@ -12,7 +12,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
 
 from robo_rl.agents.sorl import SORLAgent
 from robo_rl.checkpoint import agent_snapshot, build_actor, save_checkpoint, save_curve_checkpoint, training_state
@@ -20,6 +19,7 @@ from robo_rl.data.buffer import ReplayBuffer
 from robo_rl.envs import make_vec_env
 from robo_rl.envs.memory import envs_that_fit
 from robo_rl.eval.rollout import eval_seed, evaluate_actors
+from robo_rl.schemas import TrainConfig
 from robo_rl.utils import distributed
 from robo_rl.utils.logging import RunLogger
 from robo_rl.utils.shutdown import GracefulStop, StopRequested
@@ -56,7 +56,7 @@ class Trainer:
 
     phase: str  # "offline" | "online": what a checkpoint this trainer saves resumes into
 
-    def __init__(self, cfg: DictConfig, env, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger,
+    def __init__(self, cfg: TrainConfig, env, agent: SORLAgent, buffer: ReplayBuffer, logger: RunLogger,
                  run_dir: Path, progress: Progress, stop: GracefulStop | None = None):
         self.cfg, self.env, self.agent, self.buffer, self.logger = cfg, env, agent, buffer, logger
         self.run_dir, self.progress, self.stop = Path(run_dir), progress, stop

@@ -19,8 +19,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
+
+from robo_rl.utils.schema import to_plain
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -43,7 +44,7 @@ class RunLogger:
     continues from, -1 for a run that starts (over) from nothing; None keeps the file as it is.
     """
 
-    def __init__(self, run_dir: str | Path, cfg: DictConfig, name: str, resume_step: int | None = None):
+    def __init__(self, run_dir: str | Path, cfg: Any, name: str, resume_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.last_step = -1
@@ -57,7 +58,7 @@ class RunLogger:
 
             self._wandb = wandb.init(
                 project=cfg.logger.project, entity=cfg.logger.entity, mode=cfg.logger.mode, name=name,
-                dir=str(run_dir), config=OmegaConf.to_container(cfg, resolve=True), resume="allow",
+                dir=str(run_dir), config=to_plain(cfg), resume="allow",
                 # one wandb run per run directory, so `resume=true` continues the same curves
                 id=hashlib.md5(str(Path(run_dir).resolve()).encode()).hexdigest()[:12],
             )

@@ -9,11 +9,30 @@ configs with it; `robo_rl/checkpoint.py` builds agents and planners from config 
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import types
 import typing
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Literal
+
+
+def to_plain(settings: Any) -> dict:
+    """A config as plain dicts and lists: a typed config (dataclasses, from `from_dict`) or an OmegaConf node alike.
+    What checkpoints, metrics and wandb record."""
+    if is_dataclass(settings):
+        return _plain(dataclasses.asdict(settings))
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(settings, resolve=True) if OmegaConf.is_config(settings) else _plain(dict(settings))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 class ConfigError(ValueError):
