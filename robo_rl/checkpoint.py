@@ -73,7 +73,7 @@ def _group(node: Any) -> dict:
 def agent_settings(agent_cfg: Any, compile: bool = False) -> SORLConfig:
     """SORLConfig of an `agent` group (typed and range-checked); `compile` is the top-level `compile=`."""
     raw = _group(agent_cfg)
-    if "compile" in raw:
+    if raw.pop("compile", False):  # a typed agent group holds SORLConfig's compile=False
         raise ConfigError("agent.compile: torch.compile is the top-level setting `compile=`; remove agent.compile")
     return from_dict(SORLConfig, {**raw, "compile": compile}, "agent")
 

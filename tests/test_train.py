@@ -193,7 +193,7 @@ def test_evaluate_checkpoint_with_and_without_search(lift_run, tmp_path):
 def test_evaluate_compares_actors_on_paired_episodes(lift_run, tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"checkpoint={lift_run}",
                            "compare=[none,guard,best_of_n,qwm]", "episodes=4", "videos=0", "task.horizon=30",
-                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+                           "planner.num_actions=4", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "gain vs none [CI]" in proc.stdout and "best_of_n" in proc.stdout  # the table
     result = json.loads((tmp_path / "eval.json").read_text())
@@ -204,9 +204,11 @@ def test_evaluate_compares_actors_on_paired_episodes(lift_run, tmp_path):
         assert r["episodes"] == 4 and 0.0 <= lo <= r["success_rate"] <= hi <= 1.0 and r["ms_per_decision"] > 0
         assert r["mean_length"] <= 30
     assert result["search_gain"]["episodes"] == 4 and set(result["gains"]) == {"guard", "best_of_n", "qwm"}
-    # the search as the run trained with it, said and recorded
-    assert result["acting"]["planner"]["support"] == 0.75 and result["acting"]["sources"]["planner"] == "checkpoint"
-    assert "support=0.75 (checkpoint)" in proc.stdout
+    # the search as the run trained with it, said and recorded, with the command line's planner.* on top
+    assert result["acting"]["planner"]["support"] == 0.75 and result["acting"]["planner"]["num_actions"] == 4
+    assert result["acting"]["sources"]["planner"] == "checkpoint, num_actions from the command line"
+    assert "num_actions=4, depth=2, drift_decay=0.9, support=0.75 (checkpoint, num_actions from the command line)" \
+        in proc.stdout
     digests = {name: [e["init_digest"] for e in r["per_episode"]] for name, r in result["actors"].items()}
     assert digests["none"] == digests["guard"] == digests["best_of_n"] == digests["qwm"]
     assert len(set(digests["none"])) == 4

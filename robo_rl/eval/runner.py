@@ -132,7 +132,7 @@ def run_evaluation(cfg: EvaluateConfig, run_dir: str | Path, overrides: Sequence
         print_table(result)
     else:
         result["policy"] = str(cfg.checkpoint) if cfg.checkpoint else cfg.policy
-        result["planner"] = cfg.planner.name
+        result["planner"] = cfg.planner.name if cfg.checkpoint else None  # a scripted or random policy: no search
         lo, hi = result["success_ci"]
         print(f"[eval] {cfg.task.name}: success {result['success_rate']:.2f} [{lo:.2f}, {hi:.2f}] over "
               f"{result['num_episodes']} episodes")
