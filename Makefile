@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/setup.sh robo_rl/envs/setup_sim
 
 test: setup
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 demo: setup
 	$(PY) scripts/train_qwm.py
