@@ -95,9 +95,12 @@ def build_agent(agent_cfg: Any, obs_shapes: dict[str, tuple[int, ...]], num_task
 def build_planner(planner_cfg: Any, gamma: float) -> QWMPlanner | None:
     """The search a `planner` group describes (typed, OmegaConf or a dict), discounting by `gamma` (the critic's,
     train.gamma); None for no group or `name: none`."""
-    if planner_cfg is None or to_plain(planner_cfg)["name"] == "none":
+    if planner_cfg is None:
         return None
-    return QWMPlanner(from_dict(QWMConfig, _group(planner_cfg), "planner"), gamma)
+    settings = to_plain(planner_cfg)
+    if settings.pop("name") == "none":
+        return None
+    return QWMPlanner(from_dict(QWMConfig, settings, "planner"), gamma)
 
 
 def build_actor(agent: SORLAgent, planner_cfg: Any, gamma: float, seed: int,

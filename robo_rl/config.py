@@ -60,17 +60,7 @@ def validate(cfg: DictConfig, config_name: str, run_dir: str | None = None) -> A
     line's overrides): types, unknown keys, ranges, the files it names (dataset or source, a checkpoint and what
     evaluating it asks of it) and, given the run directory, what `resume` finds there. Returns the schema instance;
     raises ConfigError (or DatasetError for a dataset that cannot be used)."""
-    try:
-        node = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
-                                      resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as e:
-        raise ConfigError(f"{e.full_key} is required: pass {e.full_key}=...") from None
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"{e.full_key}: {e.msg}") from None
-    for (group, key), where in SET_ELSEWHERE.items():
-        if key in (node.get(group) or {}):
-            raise ConfigError(f"{group}.{key} is not a setting of its own: {where}; remove {group}.{key}")
-    settings = from_dict(SCHEMAS[config_name], node)
+    settings = _typed_settings(cfg, config_name)
     for demos in (getattr(settings, "dataset", None), getattr(settings, "source", None)):  # source: generate_demos
         if demos:
             check_dataset(demos, settings.task)
@@ -83,8 +73,24 @@ def validate(cfg: DictConfig, config_name: str, run_dir: str | None = None) -> A
 
 
 def typed(cfg: DictConfig) -> Any:
-    """The running script's config, validated and typed (`validate` for its conf/<name>.yaml): what it hands on."""
-    return validate(cfg, HydraConfig.get().job.config_name)
+    """The running script's config as its typed config: what it hands on. Types and ranges only: the files it
+    names were checked by `ValidateConfig` before the run directory existed, and are not read again here."""
+    return _typed_settings(cfg, HydraConfig.get().job.config_name)
+
+
+def _typed_settings(cfg: DictConfig, config_name: str) -> Any:
+    """The schema instance of `conf/<config_name>.yaml`'s composed config: types, unknown keys, ranges."""
+    try:
+        node = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
+                                      resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} is required: pass {e.full_key}=...") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{e.full_key}: {e.msg}") from None
+    for (group, key), where in SET_ELSEWHERE.items():
+        if key in (node.get(group) or {}):
+            raise ConfigError(f"{group}.{key} is not a setting of its own: {where}; remove {group}.{key}")
+    return from_dict(SCHEMAS[config_name], node)
 
 
 # -- where the checks run ----------------------------------------------------------------------
