@@ -92,14 +92,22 @@ class InputSeededPolicy:
         return torch.tanh(self.net(z) + noise)
 
 
+SMALL_TREE = dict(num_actions=4, num_samples=3, leaf_actions=3, lam=0.5)
+
+
 @pytest.mark.parametrize(
-    "depth, beam, with_heads",
-    [(0, 1, True), (1, 1, True), (2, 1, True), (3, 2, True), (2, 3, True), (2, 2, False)],
+    "settings, with_heads",
+    [(SMALL_TREE | dict(depth=0), True), (SMALL_TREE | dict(depth=1), True), (SMALL_TREE | dict(depth=2), True),
+     (SMALL_TREE | dict(depth=3, beam=2), True), (SMALL_TREE | dict(depth=2, beam=3), True),
+     (SMALL_TREE | dict(depth=2, beam=2), False),
+     (SMALL_TREE | dict(depth=2, support=0.5, drift_decay=None), True),  # the trust region alone
+     ({}, False)],  # conf/planner/qwm.yaml's defaults: the drift guard on, against a drift ℓ already built up
+    ids=["d0", "d1", "d2", "d3-j2", "d2-j3", "no-heads", "support", "defaults"],
 )
-def test_batched_search_equals_reference_tree_walk(depth, beam, with_heads):
-    torch.manual_seed(depth * 10 + beam)
+def test_batched_search_equals_reference_tree_walk(settings, with_heads):
+    torch.manual_seed(len(str(settings)))
     # fp32: the reference walk runs without autocast (precision="auto" is bf16 on AMX and AVX512-BF16 CPUs)
-    cfg = QWMConfig(num_actions=4, num_samples=3, depth=depth, beam=beam, leaf_actions=3, lam=0.5, precision="fp32")
+    cfg = QWMConfig(**settings, precision="fp32")
     pi = InputSeededPolicy()
     critic = nn.Sequential(nn.Linear(LATENT + ACTION, 32), nn.Tanh(), nn.Linear(32, 1))
     model = LatentWorldModel(LATENT, ACTION, num_heads=cfg.num_samples, hidden_dim=32, reward=True, termination=True)
@@ -112,16 +120,22 @@ def test_batched_search_equals_reference_tree_walk(depth, beam, with_heads):
         return rearrange(model.dynamics(z, a), "e m z -> m e z")
 
     heads = dict(reward=model.reward, terminal=model.terminal) if with_heads else {}
-    z = torch.randn(3, LATENT)
+    z = torch.randn(6, LATENT)
+    drift = torch.randn(6, ACTION) * 3 if cfg.drift_decay is not None else None
     with torch.no_grad():
-        action, info = QWMPlanner(cfg).plan(z, pi, q, every_head, **heads)
-        ref_action, ref_info = plan_reference(cfg, z, pi, q, every_head, **heads)
+        action, info = QWMPlanner(cfg).plan(z, pi, q, every_head, drift=drift, **heads)
+        ref_action, ref_info = plan_reference(cfg, z, pi, q, every_head, drift=drift, **heads)
 
     torch.testing.assert_close(info["scores"], ref_info["scores"], atol=1e-5, rtol=1e-5)
     assert torch.equal(info["index"], ref_info["index"])
     torch.testing.assert_close(action, ref_action)
-    # Guard against a vacuous pass: the candidates differ, and so do their scores.
+    if cfg.drift_decay is not None:
+        torch.testing.assert_close(info["drift"], ref_info["drift"])
+    # Guard against a vacuous pass: the candidates differ, and so do their scores; where the guard or the trust
+    # region is on, it overrules the scores' argmax somewhere.
     assert info["candidates"].std(1).min() > 1e-3 and info["scores"].std(1).min() > 1e-4
+    if cfg.drift_decay is not None or cfg.support < 1:
+        assert (info["index"] != info["scores"].argmax(1)).any()
 
 
 def test_softmax_selection_draws_in_proportion_to_exp_score():

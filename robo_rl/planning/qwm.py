@@ -52,6 +52,7 @@ plus one world-model call per depth.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -263,6 +264,7 @@ def plan_reference(
     terminal: Terminal | None = None,
     generator: torch.Generator | None = None,
     gamma: float = 0.99,
+    drift: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The same search written as a literal tree walk: one env, one root action, one node at a time.
 
@@ -270,10 +272,11 @@ def plan_reference(
     baseline. It calls `pi` on the N copies of each root latent and on the N_leaf copies of each leaf
     latent at once (as `plan` does) and on single nodes otherwise, so callables whose randomness is a
     function of their inputs give both versions the same numbers. Softmax selection draws per env,
-    so only argmax selection is comparable draw for draw.
+    so only argmax selection is comparable draw for draw. drift [B, A]: each env's ℓ for the drift guard
+    (None: zeros); info["drift"] holds ℓ after the pick when the guard is on.
     """
-    actions, all_scores, indices = [], [], []
-    for z_env in z:
+    actions, all_scores, indices, drifts = [], [], [], []
+    for b, z_env in enumerate(z):
         candidates = pi(z_env.expand(cfg.num_actions, -1))
         scores = []
         for a_root in candidates:
@@ -289,15 +292,40 @@ def plan_reference(
         if cfg.uncertainty and cfg.depth > 0:
             spread = [next(z_env[None], a[None], cfg.num_samples)[0].float().var(0).mean().item() for a in candidates]
             scores = [s - cfg.uncertainty * u / max(sum(spread) / len(spread), 1e-12) for s, u in zip(scores, spread)]
+        ell = torch.zeros(candidates.shape[1]) if drift is None else drift[b].float()
+        leans = _leans(candidates.float())
+        eligible = _eligible(cfg, leans, ell)
         if cfg.selection == "argmax":
-            index = max(range(len(scores)), key=lambda n: scores[n])
+            index = max(eligible, key=lambda n: scores[n])
+        elif cfg.selection == "random":
+            index = eligible[int(torch.randint(len(eligible), (), generator=generator))]
         else:
-            probs = torch.softmax(torch.tensor(scores) / cfg.temperature, dim=0)
-            index = int(torch.multinomial(probs, 1, generator=generator))
+            masked = torch.tensor([scores[n] if n in eligible else -math.inf for n in range(len(scores))])
+            index = int(torch.multinomial(torch.softmax(masked / cfg.temperature, 0), 1, generator=generator))
         actions.append(candidates[index])
         all_scores.append(scores)
         indices.append(index)
-    return torch.stack(actions), {"scores": torch.tensor(all_scores), "index": torch.tensor(indices)}
+        if cfg.drift_decay is not None:
+            drifts.append(cfg.drift_decay * ell + leans[index])
+    info = {"scores": torch.tensor(all_scores), "index": torch.tensor(indices)}
+    return torch.stack(actions), info | ({"drift": torch.stack(drifts)} if drifts else {})
+
+
+def _leans(candidates: Tensor) -> Tensor:
+    """Reference: candidates [N, A] of one env -> each one's offset from their mean in std units per dimension."""
+    mean = sum(candidates) / len(candidates)
+    std = (sum((a - mean) ** 2 for a in candidates) / len(candidates)).sqrt().clamp_min(1e-6)
+    return torch.stack([(a - mean) / std for a in candidates])
+
+
+def _eligible(cfg: QWMConfig, leans: Tensor, ell: Tensor) -> list[int]:
+    """Reference: the candidates of one env the search may pick: those among the round(support·N) nearest the
+    candidate mean (ties kept) whose lean does not go the way ℓ leans; all of them where none is left."""
+    spread = [float(lean.square().sum()) for lean in leans]
+    k = max(1, round(cfg.support * len(leans)))
+    near = [n for n in range(len(leans)) if spread[n] <= sorted(spread)[k - 1]]
+    guarded = [n for n in near if cfg.drift_decay is None or float(leans[n] @ ell) <= 0]
+    return guarded or list(range(len(leans)))
 
 
 @dataclass
