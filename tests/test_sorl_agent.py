@@ -186,6 +186,30 @@ def test_conservative_term_ranks_actions_the_data_never_took_lower(weight):
         assert margin < 0.5
 
 
+def test_td_target_takes_the_best_of_n_policy_samples_by_the_target_critic():
+    """The target's next action is the target critic's pick among n samples at each next state: the value
+    equals the max over that state's own candidates (not a neighbour's), and more candidates raise it."""
+    torch.manual_seed(0)
+    agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config(target_best_of_n=6, target_agg="mean_std"))
+    next_z = agent.encode(synthetic_batch(LIFT_SHAPES, batch_size=32)["next_obs"]).detach()
+
+    torch.manual_seed(1)
+    picked = agent.next_value(next_z)  # [32]
+    torch.manual_seed(1)  # the same draws, by hand: k, then the 6 candidates of each state in turn
+    steps = agent._draw_q_steps()
+    candidates = agent.policy.sample(next_z.repeat_interleave(6, 0), steps)
+    values = agent.critic.target_value(next_z.repeat_interleave(6, 0), candidates).view(32, 6)
+    torch.testing.assert_close(picked, values.max(1).values)
+    assert (values.max(1).values > values.min(1).values).all()  # the candidates differ, so the pick matters
+
+    agent.config.target_best_of_n = 1
+    single = torch.stack([agent.next_value(next_z) for _ in range(20)]).mean()
+    agent.config.target_best_of_n = 16
+    best_of_16 = torch.stack([agent.next_value(next_z) for _ in range(20)]).mean()
+    assert best_of_16 > single
+    assert math.isfinite(agent.update(synthetic_batch(LIFT_SHAPES))["td_target"])
+
+
 def test_update_trains_the_world_model_through_the_agents_own_optimizer():
     """The agent's update must step every module it computes gradients for. The world model once had
     gradients but no optimizer entry, so QWM searched with its random initialisation."""

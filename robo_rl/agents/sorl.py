@@ -1,8 +1,8 @@
 """SORL agent (arXiv 2505.22866) on a learned latent: encoder -> z; shortcut-flow policy and Q ensemble on z.
 
 One `update` is one gradient step of everything on one replay batch:
-  critic: TD regression of every head on r + discount * agg(Q_target(z', pi(z', k))), where z' comes
-          from the EMA target encoder and k is drawn from `q_steps`;
+  critic: TD regression of every head on r + discount * max_n agg(Q_target(z', a'_n)), a'_n = pi(z', k) for
+          n = 1..target_best_of_n, where z' comes from the EMA target encoder and k is drawn from `q_steps`;
   actor:  fm_weight * flow matching (on the batch's demonstration rows, bc_data; none without demos)
           + sc_weight * self-consistency (vs. the EMA target policy)
           - q_weight * Q(z, pi(z, k)) / mean|Q|, backpropagating through the k-step sampler.
@@ -52,6 +52,10 @@ class SORLConfig:
     q_steps: tuple[int, ...] = (1, 2, 4, 8)  # k drawn per update for the Q term and the TD target
     sample_steps: int = 4  # k for act() / pi()
     best_of_n: int = 1  # act(): candidates per state verified by the critic
+    # The TD target's next action: the best by the target critic of this many policy samples at s' (1: one plain
+    # sample). Acting picks among candidates (best_of_n, QWM search), so a target through a plain sample values a
+    # policy that never acts; Q-chunking and EXPO take the same best-of-N in the target as at acting.
+    target_best_of_n: int = 1
     fm_weight: float = 10.0
     # Which replay rows the flow-matching (BC) term clones: "offline" (the demonstrations only, so the policy
     # does not imitate its own exploration and search actions once online data fills the batches),
@@ -105,6 +109,8 @@ class SORLConfig:
             raise ValueError(f"bc_data={self.bc_data!r}: must be one of {BC_DATA}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r}: must be one of {', '.join(PRECISIONS)}")
+        if self.target_best_of_n < 1:
+            raise ValueError(f"target_best_of_n={self.target_best_of_n}: must be >= 1 (1: one policy sample)")
         if self.max_nonfinite_updates < 1:
             raise ValueError(f"max_nonfinite_updates={self.max_nonfinite_updates}: must be >= 1")
 
@@ -306,8 +312,7 @@ class SORLAgent(nn.Module):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Mean squared TD error over heads and batch: z, next_z [B, Z], action [B, h*A], reward, discount [B]."""
         with torch.no_grad():
-            next_action = self.policy.sample(next_z, self._draw_q_steps())
-            td_target = reward + discount * self.critic.target_value(next_z, next_action)
+            td_target = reward + discount * self.next_value(next_z)
         q = self.critic(z, action)  # [E, B]
         loss = (q - td_target).square().mean()
         info = {"critic_loss": loss, "q": q.mean(), "td_target": td_target.mean()}
@@ -316,6 +321,17 @@ class SORLAgent(nn.Module):
             loss = loss + self.config.conservative_weight * gap
             info["conservative_gap"] = gap
         return loss, info
+
+    @torch.no_grad()
+    def next_value(self, next_z: torch.Tensor) -> torch.Tensor:
+        """The TD target's value of s': next_z [B, Z] -> [B], the highest target value among `target_best_of_n`
+        policy samples. The target critic both picks and values: it is the aggregate the target uses anyway
+        (REDQ's min over 2 heads costs 2 of the E heads per candidate), and its pessimism tempers the max's
+        overestimation."""
+        n = self.config.target_best_of_n
+        z_rep = repeat(next_z, "b z -> (b n) z", n=n)
+        values = self.critic.target_value(z_rep, self.policy.sample(z_rep, self._draw_q_steps()))
+        return reduce(values, "(b n) -> b", "max", n=n)
 
     def conservative_gap(self, z: torch.Tensor, q_data: torch.Tensor) -> torch.Tensor:
         """CQL(H)-style term: logsumexp of Q over uniform random actions and the data action, minus Q
