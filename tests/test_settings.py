@@ -122,6 +122,14 @@ def test_each_default_is_stated_once_the_yaml_agrees_with_the_dataclass():
         assert not _differences(schema, yaml_node), (path, _differences(schema, yaml_node))
 
 
+def test_planner_qwm_paper_is_the_papers_search_on_top_of_the_defaults():
+    """planner=qwm_paper: one imagined path per root action and no drift guard; everything else as planner=qwm."""
+    from robo_rl.schemas import PlannerConfig
+
+    cfg = validate(compose_config("config", ["planner=qwm_paper"]), "config")
+    assert cfg.planner == PlannerConfig(name="qwm", num_samples=1, drift_decay=None)
+
+
 def test_scripts_hand_on_the_typed_config_and_it_survives_a_checkpoint():
     """validate() returns the typed config the library takes; recorded as plain values (checkpoints, metrics) it
     rebuilds into the same typed config."""
