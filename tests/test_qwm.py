@@ -101,8 +101,9 @@ SMALL_TREE = dict(num_actions=4, num_samples=3, leaf_actions=3, lam=0.5)
      (SMALL_TREE | dict(depth=3, beam=2), True), (SMALL_TREE | dict(depth=2, beam=3), True),
      (SMALL_TREE | dict(depth=2, beam=2), False),
      (SMALL_TREE | dict(depth=2, support=0.5, drift_decay=None), True),  # the trust region alone
-     ({}, False)],  # conf/planner/qwm.yaml's defaults: the drift guard on, against a drift ℓ already built up
-    ids=["d0", "d1", "d2", "d3-j2", "d2-j3", "no-heads", "support", "defaults"],
+     ({}, False),  # conf/planner/qwm.yaml's defaults: the drift guard on, against a drift ℓ already built up
+     (dict(num_samples=1, drift_decay=None), False)],  # planner=qwm_paper: one path per root action
+    ids=["d0", "d1", "d2", "d3-j2", "d2-j3", "no-heads", "support", "defaults", "paper"],
 )
 def test_batched_search_equals_reference_tree_walk(settings, with_heads):
     torch.manual_seed(len(str(settings)))

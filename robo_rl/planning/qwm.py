@@ -212,7 +212,7 @@ class QWMPlanner:
         for d in range(1, cfg.depth + 1):
             z = rearrange(_samples(next, z.flatten(0, 1), a.flatten(0, 1), K), "(m p) k z -> m (p k) z", m=M)
             if d == 1:
-                disagreement = z.float().var(1).mean(-1)
+                disagreement = z.float().var(1, correction=0).mean(-1)  # 0 where K = 1: nothing to disagree
             path, alive = repeat(path, "m p -> m (p k)", k=K), repeat(alive, "m p -> m (p k)", k=K)
             nodes = z.flatten(0, 1)  # [M·C, Z]
             probe = _policy(pi, nodes)
@@ -290,7 +290,7 @@ def plan_reference(
                 score = cfg.root_weight * q_root + (1.0 - cfg.root_weight) * tree_value
             scores.append(score)
         if cfg.uncertainty and cfg.depth > 0:
-            spread = [next(z_env[None], a[None], cfg.num_samples)[0].float().var(0).mean().item() for a in candidates]
+            spread = [next(z_env[None], a[None], cfg.num_samples)[0].float().var(0, correction=0).mean().item() for a in candidates]
             scores = [s - cfg.uncertainty * u / max(sum(spread) / len(spread), 1e-12) for s, u in zip(scores, spread)]
         ell = torch.zeros(candidates.shape[1]) if drift is None else drift[b].float()
         leans = _leans(candidates.float())
