@@ -7,7 +7,8 @@ loop on a baseline commit run in the same invocation.
 
 Each measurement is a real training run (a short offline phase, then `--env-steps` online env steps; LIBERO
 suites start online from scratch, as collecting their scripted demos would take longer than the loop) whose
-rate is its last online log record: env steps over the online loop's wall time, evaluations excluded.
+rate is its last online log record: env steps over the online loop's wall time, evaluations excluded; once
+that record is written the run is stopped (its final evaluation is no part of the loop).
 Rounds of this checkout and the baseline are interleaved and the best of each is reported (other processes
 only ever slow a round down). JSON keys:
   env_steps_per_s            this checkout's loop
@@ -57,20 +58,40 @@ def start_loop(root: Path, run_dir: Path, overrides: list[str]) -> subprocess.Po
                              *overrides], cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def loop_result(run_dir: Path, proc: subprocess.Popen) -> dict:
-    """The run's last online log record: its rate and, where the checkout logs it, the loop's split."""
-    if proc.wait() != 0:
-        raise RuntimeError(f"the loop in {run_dir} failed (exit {proc.returncode}): see {run_dir}.log")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    last = [r for r in records if "rollout/steps_per_s" in r][-1]
-    split = {k.removeprefix("rollout/seconds_"): v for k, v in last.items() if k.startswith("rollout/seconds_")}
-    return {"env_steps_per_s": last["rollout/steps_per_s"], "split": split or None}
+def last_loop_record(run_dir: Path, env_steps: int) -> dict | None:
+    """The run's online log record at `env_steps` (the loop's end), once it is written; None before."""
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    records = [json.loads(line) for line in lines[:-1]]  # the last line may still be being written
+    if lines and lines[-1].endswith("}"):
+        records.append(json.loads(lines[-1]))
+    return next((r for r in records if "rollout/steps_per_s" in r and r.get("env_steps", 0) >= env_steps), None)
 
 
-def run_loops(jobs: list[tuple[Path, Path]], overrides: list[str]) -> list[dict]:
-    """Loops of (checkout, run dir) started together; their results in order."""
+def run_loops(jobs: list[tuple[Path, Path]], overrides: list[str], env_steps: int) -> list[dict]:
+    """Loops of (checkout, run dir) started together; each one's rate and, where the checkout logs it, the
+    loop's split. Once every loop of the group has logged its end, the runs are stopped (SIGTERM): the final
+    evaluation is no part of the loop (LIBERO's takes over 10 minutes), and while any loop still runs the others
+    keep running, so that no loop of a group ends on an emptier machine than it ran on."""
     procs = [start_loop(root, run_dir, overrides) for root, run_dir in jobs]
-    return [loop_result(run_dir, proc) for (_, run_dir), proc in zip(jobs, procs)]
+    try:
+        while True:
+            records = [last_loop_record(run_dir, env_steps) for _, run_dir in jobs]
+            if all(records):
+                break
+            for (_, run_dir), proc, record in zip(jobs, procs, records):
+                if record is None and proc.poll() is not None:
+                    raise RuntimeError(f"the loop in {run_dir} failed (exit {proc.returncode}): see {run_dir}.log")
+            time.sleep(2)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait()
+    results = []
+    for last in records:
+        split = {k.removeprefix("rollout/seconds_"): v for k, v in last.items() if k.startswith("rollout/seconds_")}
+        results.append({"env_steps_per_s": last["rollout/steps_per_s"], "split": split or None})
+    return results
 
 
 def env_only_rate(task: str, obs: str, env_steps: int) -> float:
@@ -124,10 +145,10 @@ def main() -> None:
         try:
             rounds: dict[str, list[dict]] = {"this": [], "baseline": []}
             for r in range(args.rounds):
-                rounds["this"] += run_loops([(ROOT, tmp / f"this{r}")], overrides)
+                rounds["this"] += run_loops([(ROOT, tmp / f"this{r}")], overrides, args.env_steps)
                 if base is not None:
-                    rounds["baseline"] += run_loops([(base, tmp / f"baseline{r}")], overrides)
-            two = run_loops([(ROOT, tmp / "two_a"), (ROOT, tmp / "two_b")], overrides)
+                    rounds["baseline"] += run_loops([(base, tmp / f"baseline{r}")], overrides, args.env_steps)
+            two = run_loops([(ROOT, tmp / "two_a"), (ROOT, tmp / "two_b")], overrides, args.env_steps)
         finally:
             if base is not None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)

@@ -10,13 +10,14 @@ guard on), the policy sampling with agent.sample_steps, and torch threads by the
                    (JSON `precision` says which ran)
   search_ms_d4     the same at D = 4
   policy_only_ms   one policy sample per env: the cost of acting without search
-  loop_ms          plan_reference (a Python loop over envs, candidates and nodes) at the defaults, fp32 (the loop
-                   has no drift guard: a per-env einsum the batched search pays alone)
+  loop_ms          plan_reference (a Python loop over envs, candidates and nodes) at the defaults, fp32
   loop_ms_default  the same loop in the precision search_ms ran in (= loop_ms when that is fp32)
   search_ms_fp32   the defaults in fp32
   speedup_vs_loop  loop_ms / search_ms_fp32: batching alone, both in fp32
   speedup_vs_loop_default  loop_ms_default / search_ms: batching alone, both in the default precision
   search_ms_k1     extra: the defaults with a one-step sampler (a shortcut policy can sample in one step)
+  search_ms_paper  extra: planner=qwm_paper (conf/planner/qwm_paper.yaml: one imagined path per root action, no
+                   drift guard), in the default precision
 
 Profile (2026-12-03; torch.profiler and CPU-time micro-benchmarks, 1 thread, 2 cores at load 4-16):
   fp32 is bound by GEMM arithmetic. One decision is 33.9 GFLOP: 3200 flow samples x 4 Euler steps
@@ -128,6 +129,8 @@ def main() -> None:
     z = torch.randn(args.envs, agent.config.encoder.latent_dim, device=device)
     drift = torch.zeros(args.envs, agent.policy.flat_dim, device=device)
     deep = dataclasses.replace(defaults, depth=4)
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base=None):
+        paper = build_planner(compose(config_name="config", overrides=["planner=qwm_paper"]).planner, 0.99).cfg
 
     def search(cfg: QWMConfig, policy_fn=pi) -> Callable[[], object]:
         return lambda: QWMPlanner(cfg, planner.gamma).plan(z, policy_fn, q, wm.next, drift=drift)
@@ -148,6 +151,7 @@ def main() -> None:
                 timed["loop_ms_default"] = latency_ms(loop, 1, 1, sync) if bf16 else timed["loop_ms"]
         timed["search_ms_fp32"] = latency_ms(search(dataclasses.replace(defaults, precision="fp32")), args.rounds, 3, sync)
         timed["search_ms_k1"] = latency_ms(search(defaults, policy_fn=pi_k(1)), args.rounds, 3, sync)
+        timed["search_ms_paper"] = latency_ms(search(paper), args.rounds, 3, sync)
     results = {name: best for name, (best, _, _) in timed.items()}
     medians = {name: median for name, (_, median, _) in timed.items()}
     cpu = {name: cpu_best for name, (_, _, cpu_best) in timed.items()}
@@ -157,7 +161,7 @@ def main() -> None:
         results["speedup_vs_loop_cpu"] = cpu["loop_ms"] / cpu["search_ms_fp32"]
         results["speedup_vs_loop_default_cpu"] = cpu["loop_ms_default"] / cpu["search_ms"]
     nodes = {name: cfg.num_actions * (1 + cfg.depth * cfg.beam * cfg.num_samples + cfg.beam * cfg.leaf_actions)
-             for name, cfg in (("defaults", defaults), ("d4", deep))}
+             for name, cfg in (("defaults", defaults), ("d4", deep), ("paper", paper))}
     results.update(
         envs=args.envs,
         budget=args.budget,
@@ -183,6 +187,7 @@ def main() -> None:
         "loop_ms_default": f"the loop in {'bf16' if bf16 else 'fp32'}",
         "search_ms_fp32": "defaults in fp32",
         "search_ms_k1": "defaults, one-step policy sampler",
+        "search_ms_paper": f"planner=qwm_paper, {nodes['paper']} per env",
     }
     for key, note in notes.items():
         if key in results:
