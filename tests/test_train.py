@@ -134,14 +134,16 @@ def test_curve_points_keep_their_agent_for_paired_comparisons_along_the_run(lift
 
     import robo_rl.checkpoint
 
+    # the offline curve's points (15, 30 offline steps; 30 is the offline start), then 30 offline + 40, + 60 env steps
     kept = sorted((lift_run / "checkpoints" / "curve").glob("step_*.pt"))
-    assert [p.name for p in kept] == ["step_00000070.pt", "step_00000090.pt"]  # 30 offline + 40, + 60 env steps
+    assert [p.name for p in kept] == ["step_00000015.pt", "step_00000030.pt", "step_00000070.pt", "step_00000090.pt"]
     snapshots = [torch.load(p, weights_only=True) for p in kept]
     documented = set(re.findall(r'"(\w+)"', re.findall(r"\{(\"agent\".*?)\}", robo_rl.checkpoint.__doc__, re.S)[1]))
     assert all(set(s) == documented for s in snapshots) and "optimizer" not in documented
-    assert [s["env_steps"] for s in snapshots] == [40, 60]
+    assert [(s["offline_step"], s["env_steps"]) for s in snapshots] == [(15, 0), (30, 0), (30, 40), (30, 60)]
     final = load_checkpoint(lift_run)["agent"]  # the last point evaluated the final agent
-    assert all(torch.equal(snapshots[1]["agent"][k], final[k]) for k in final)
+    assert all(torch.equal(snapshots[-1]["agent"][k], final[k]) for k in final)
+    kept = kept[2:]
 
     def compare(checkpoint: Path, out: str, seed: int) -> None:
         subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"checkpoint={checkpoint}",

@@ -55,11 +55,13 @@ class OfflineTrainer(Trainer):
         bar.close()
 
     def _evaluate_policy_alone(self) -> None:
-        """A point of the offline curve. The last one is also the offline start the online phase would
-        otherwise evaluate again: it is written where that phase reads it (offline_eval.json)."""
+        """A point of the offline curve, its agent kept as every curve point's is. The last one is also the offline
+        start the online phase would otherwise evaluate again: it is written where that phase reads it
+        (offline_eval.json)."""
         step = self.progress.offline_step
         result = self.eval(f"offline{step}", ["none"])["actors"]["none"]
         self.curve.add_offline(step, result["success_rate"])
+        self.keep_evaluated()
         metrics = {"eval/offline_curve_success_rate": result["success_rate"]}
         if step == self.cfg.budget.offline_steps:
             write_json(self.run_dir / OFFLINE_EVAL, result)

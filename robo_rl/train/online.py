@@ -184,6 +184,7 @@ class OnlineTrainer(Trainer):
         path = self.run_dir / OFFLINE_EVAL
         if self.buffer.num_offline and not path.exists():
             write_json(path, self.eval("offline", ["none"])["actors"]["none"])
+            self.keep_evaluated()  # fine-tuning is judged against it: evaluate.py can pair it with later points
             self.logger.log({"eval/offline_success_rate": json.loads(path.read_text())["success_rate"]},
                             self.progress.offline_step)
         if path.exists():
