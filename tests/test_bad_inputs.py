@@ -200,6 +200,8 @@ CONFIGS = {
     "batch_size_0": ("train_qwm.py", ["budget.batch_size=0"], ["budget.batch_size=0: must be >= 1"]),
     "negative_online_steps": ("train_qwm.py", ["budget.online_steps=-5"], ["budget.online_steps=-5: must be >= 0"]),
     "no_root_actions": ("train_qwm.py", ["planner.num_actions=0"], ["planner.num_actions=0: must be >= 1"]),
+    "disagreement_of_one_sample": ("train_qwm.py", ["planner.uncertainty=0.1", "planner.num_samples=1"],
+                                   ["planner.uncertainty=0.1: the world model's disagreement needs num_samples >= 2"]),
     "lr_not_a_number": ("train_qwm.py", ["agent.lr=fast"], ["agent.lr='fast': expected a number"]),
     "unknown_backend": ("train_qwm.py", ["env.backend=threads"], ["env.backend='threads'", "subprocess, sync, warp, ray"]),
     "empty_dataset_dir": ("train_qwm.py", ["dataset={empty}"], ["dataset={empty}: folder without .hdf5 files"]),

@@ -120,6 +120,9 @@ class QWMConfig:
             raise ValueError(f"pessimism={self.pessimism}: must be >= 0")
         if self.uncertainty < 0:
             raise ValueError(f"uncertainty={self.uncertainty}: must be >= 0")
+        if self.uncertainty and self.num_samples < 2 and self.depth > 0:  # one sample cannot disagree with itself
+            raise ValueError(f"uncertainty={self.uncertainty}: the world model's disagreement needs num_samples >= 2 "
+                             f"samples per action (num_samples={self.num_samples})")
         if not 0.0 < self.support <= 1.0:
             raise ValueError(f"support={self.support}: the share of candidates the search may pick, must lie in (0, 1]")
         if self.drift_decay is not None and not 0.0 <= self.drift_decay < 1.0:
