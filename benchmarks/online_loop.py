@@ -61,10 +61,9 @@ def start_loop(root: Path, run_dir: Path, overrides: list[str]) -> subprocess.Po
 def last_loop_record(run_dir: Path, env_steps: int) -> dict | None:
     """The run's online log record at `env_steps` (the loop's end), once it is written; None before."""
     metrics = run_dir / "metrics.jsonl"
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
-    records = [json.loads(line) for line in lines[:-1]]  # the last line may still be being written
-    if lines and lines[-1].endswith("}"):
-        records.append(json.loads(lines[-1]))
+    # every record ends in a newline: what follows the last one is a record still being written
+    lines = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
+    records = (json.loads(line) for line in lines)
     return next((r for r in records if "rollout/steps_per_s" in r and r.get("env_steps", 0) >= env_steps), None)
 
 

@@ -116,6 +116,7 @@ def main() -> None:
 
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base=None):
         cfg = compose(config_name="config", overrides=[f"budget={args.budget}"])
+        paper_group = compose(config_name="config", overrides=["planner=qwm_paper"]).planner
     torch.manual_seed(0)
     agent = build_agent(cfg.agent, LIFT_OBS, 1, device).eval()
     planner = build_planner(cfg.planner, cfg.train.gamma)
@@ -129,8 +130,7 @@ def main() -> None:
     z = torch.randn(args.envs, agent.config.encoder.latent_dim, device=device)
     drift = torch.zeros(args.envs, agent.policy.flat_dim, device=device)
     deep = dataclasses.replace(defaults, depth=4)
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base=None):
-        paper = build_planner(compose(config_name="config", overrides=["planner=qwm_paper"]).planner, 0.99).cfg
+    paper = build_planner(paper_group, planner.gamma).cfg
 
     def search(cfg: QWMConfig, policy_fn=pi) -> Callable[[], object]:
         return lambda: QWMPlanner(cfg, planner.gamma).plan(z, policy_fn, q, wm.next, drift=drift)
