@@ -35,6 +35,7 @@ from robo_rl.eval.runner import check_evaluation
 from robo_rl.schemas import (
     CollectDemosConfig, ConvertConfig, DownloadConfig, EvaluateConfig, GenerateDemosConfig, PlotEvalsConfig, TrainConfig,
 )
+from robo_rl.train.generated import check_generation_source
 from robo_rl.train.sources import check_dataset
 from robo_rl.utils.schema import ConfigError, from_dict
 from robo_rl.utils.shutdown import StopRequested
@@ -61,9 +62,12 @@ def validate(cfg: DictConfig, config_name: str, run_dir: str | None = None) -> A
     evaluating it asks of it) and, given the run directory, what `resume` finds there. Returns the schema instance;
     raises ConfigError (or DatasetError for a dataset that cannot be used)."""
     settings = _typed_settings(cfg, config_name)
-    for demos in (getattr(settings, "dataset", None), getattr(settings, "source", None)):  # source: generate_demos
-        if demos:
-            check_dataset(demos, settings.task)
+    if isinstance(settings, TrainConfig) and settings.demos.generate:  # the file demos are generated from
+        check_generation_source(settings.dataset, settings.task)
+    else:
+        for demos in (getattr(settings, "dataset", None), getattr(settings, "source", None)):  # source: generate_demos
+            if demos:
+                check_dataset(demos, settings.task)
     if isinstance(settings, EvaluateConfig):
         overrides = list(cfg.hydra.overrides.task) if "hydra" in cfg else []
         check_evaluation(settings, load_checkpoint(settings.checkpoint) if settings.checkpoint else None, overrides)

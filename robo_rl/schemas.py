@@ -129,6 +129,14 @@ class LearnerConfig:  # the `train:` group of config.yaml
         _at_least(self, 1, "nstep")
 
 
+@dataclass
+class DemoGenerationConfig:  # the `demos:` group of config.yaml
+    generate: int  # demos generated from dataset='s few before training (robo_rl/train/generated.py); 0: none
+
+    def __post_init__(self):
+        _at_least(self, 0, "generate")
+
+
 def _check_threads(threads: int | str) -> None:
     if threads != "auto" and threads < 1:
         raise ValueError(f"threads={threads}: must be >= 1, or auto (robo_rl/utils/threads.py)")
@@ -166,6 +174,7 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
     device: str
     compile: bool
     dataset: str | None
+    demos: DemoGenerationConfig
     demo_cache: str
     resume: bool | Literal["auto"]  # auto: resume the run directory's run if it holds one, else start fresh
     train: LearnerConfig
@@ -198,6 +207,22 @@ class TrainConfig:  # conf/config.yaml, conf/pretrain_offline.yaml
                              "a chunk's TD target is the h-step return of its own actions, n-step returns over "
                              "chunks are not implemented; pass train.nstep=1 with chunks")
         check_execute_steps(self.agent.execute_steps, self.agent.action_horizon)
+        if self.demos.generate:
+            _check_generation(self)
+
+
+def _check_generation(cfg: TrainConfig) -> None:
+    """What demos.generate needs of the rest of the config (the file itself: robo_rl/train/generated.py)."""
+    if not cfg.dataset:
+        raise ValueError(f"demos.generate={cfg.demos.generate} makes demos from the few in a dataset file: pass "
+                         "dataset=FILE (raw robosuite demos or a robomimic dataset of the task), or demos.generate=0")
+    if cfg.task.suite != "robosuite":
+        raise ValueError(f"demos.generate={cfg.demos.generate}: generation moves hand paths with the object in "
+                         f"robosuite's pick-and-place tasks (lift, can, square), not {cfg.task.name}; pass "
+                         "demos.generate=0")
+    if cfg.env.modality != "state":
+        raise ValueError(f"demos.generate={cfg.demos.generate} with env={cfg.env.modality}: generated demos record "
+                         "low-dim observations only; pass env=state")
 
 
 @dataclass

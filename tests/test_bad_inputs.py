@@ -220,6 +220,11 @@ CONFIGS = {
                                   ["recorded in Lift", "task=can", "pass task=lift"]),
     "generate_no_demos": ("generate_demos.py", ["source={lift}", "output=x.hdf5", "num_demos=0"],
                           ["num_demos=0: must be >= 1"]),
+    "generate_without_dataset": ("train_qwm.py", ["demos.generate=10"], ["demos.generate=10", "pass dataset=FILE"]),
+    "generate_from_raw_demos_of_another_task": ("train_qwm.py", ["task=can", "dataset={raw}", "demos.generate=10"],
+                                                ["raw demos recorded in Lift", "task=can runs PickPlaceCan"]),
+    "generate_for_image_obs": ("train_qwm.py", ["env=image", "dataset={lift}", "demos.generate=10"],
+                               ["demos.generate=10 with env=image", "pass env=state"]),
     "convert_two_reexecutions": ("convert_robosuite.py", ["input=x.hdf5", "output=y.hdf5", "drop_idle=true",
                                                           "track_path=true"], ["track_path=true with drop_idle=true"]),
     "plot_not_png": ("plot_evals.py", ["evals=[{empty}]", "output=gain.jpg"], ["output=gain.jpg", "output=NAME.png"]),
@@ -233,7 +238,7 @@ if not torch.cuda.is_available():
 def test_bad_config_stops_before_the_run_directory_exists(tmp_path, lift_file, case):
     script, overrides, fragments = CONFIGS[case]
     paths = {"lift": lift_file, "empty": make_empty_dir(tmp_path / "empty"),
-             "libero": make_libero(tmp_path / "libero.hdf5")}
+             "libero": make_libero(tmp_path / "libero.hdf5"), "raw": RAW_LIFT}
     run_dir = tmp_path / "run"
     training = [*SMOKE, f"demo_cache={tmp_path / 'demos'}"] if script in ("train_qwm.py", "pretrain_offline.py") else []
     proc = run_script(script, *training, f"hydra.run.dir={run_dir}", *[o.format(**paths) for o in overrides],

@@ -1,4 +1,5 @@
 """More demos from the 3 human Lift demos: each one's hand path, moved with the cube to new scenes."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +87,31 @@ def test_a_dataset_without_the_hand_orientation_is_refused(tmp_path):
     with pytest.raises(DatasetError, match=r"observations lack \['robot0_eef_quat'\].*convert_robosuite"):
         generate_demos(str(path), str(tmp_path / "out.hdf5"), num_demos=1, progress=False)
     assert not (tmp_path / "out.hdf5").exists()
+
+
+@needs_fixture
+def test_a_run_makes_its_demos_from_raw_human_ones_and_counts_their_env_steps(tmp_path):
+    """`train_qwm.py dataset=RAW demos.generate=N`: the path tracker's conversion, then N generated demos, trained
+    on, with the simulator steps of both in eval.json; a resumed run reads them instead of generating again."""
+    from test_train import train
+
+    run_dir = tmp_path / "run"
+    overrides = ("task=lift", f"dataset={LIFT}", "demos.generate=2", "planner=none")
+    train(run_dir, *overrides)
+    record_path = run_dir / "demos" / "generated2_seed0.json"
+    record = json.loads(record_path.read_text())
+    tracked = read_hdf5(run_dir / "demos" / f"{LIFT.stem}_tracked.hdf5")
+    trained_on = read_hdf5(run_dir / "demos" / "generated2_seed0.hdf5")
+    assert len(trained_on.episodes) == len(tracked.episodes) + 2 == 5  # every human demo still lifts tracked
+    assert record["conversion_env_steps"] == sum(e.num_steps for e in tracked.episodes)
+    assert record["generation_env_steps"] >= sum(e.num_steps for e in trained_on.episodes[3:])
+    assert record["env_steps"] == record["conversion_env_steps"] + record["generation_env_steps"]
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert result["demo_env_steps"] == record["env_steps"]
+    assert result["env_steps_total"] == result["online_env_steps"] + record["env_steps"]
+
+    made = record_path.stat().st_mtime_ns
+    proc = train(run_dir, *overrides, "resume=true")
+    assert "generated from" in proc.stdout and "before" in proc.stdout
+    assert record_path.stat().st_mtime_ns == made
+    assert json.loads((run_dir / "eval.json").read_text())["demo_env_steps"] == record["env_steps"]

@@ -121,31 +121,54 @@ def convert_robosuite(input_path: str, output_path: str, cameras: tuple[str, ...
 
 def read_raw_robosuite(path: str) -> tuple[str, dict, str, list[RawDemo]]:
     """(env name, env kwargs, recorded robosuite version, demos) of a raw demo file, validated."""
-    if not os.path.exists(path):
-        raise DatasetError(f"{path}: no such file")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot open as HDF5 ({e}); the file is truncated or corrupt") from e
-    with f:
-        if "data" not in f:
-            raise DatasetError(f"{path} [data]: missing group `data`; not a robosuite demo file")
-        attrs = f["data"].attrs
-        if "env_info" in attrs:  # robosuite's collect_human_demonstrations.py
-            env_kwargs = json.loads(attrs["env_info"])
-            env_name = env_kwargs.pop("env_name", None) or str(attrs.get("env"))
-        elif "env_args" in attrs:  # robomimic's raw demo*.hdf5
-            env_args = json.loads(attrs["env_args"])
-            env_name, env_kwargs = env_args["env_name"], dict(env_args["env_kwargs"])
-        else:
-            raise DatasetError(f"{path} [data]: neither `env_info` nor `env_args` attr; cannot tell which "
-                               "env recorded these demos")
-        version = str(attrs.get("repository_version", "unknown"))
+    with _open_raw(path) as f:
+        env_name, env_kwargs, version = _raw_header(f, path)
         names = sorted(f["data"].keys(), key=demo_sort_key)
         if not names:
             raise DatasetError(f"{path} [data]: no demos")
         demos = [_read_raw_demo(f["data"][n], path, n) for n in names]
     return env_name, env_kwargs, version, demos
+
+
+def is_raw_robosuite(path: str | os.PathLike) -> bool:
+    """Whether `path` holds raw demos (MuJoCo states and actions, no observations: convert_robosuite's input)
+    rather than a robomimic dataset, judged by its first demo."""
+    with _open_raw(path) as f:
+        data = f.get("data")
+        first = next(iter(data.values()), None) if isinstance(data, h5py.Group) else None
+        return isinstance(first, h5py.Group) and "obs" not in first
+
+
+def raw_env_name(path: str | os.PathLike) -> str:
+    """The robosuite env that recorded a raw demo file, from its attrs alone."""
+    with _open_raw(path) as f:
+        return _raw_header(f, path)[0]
+
+
+def _open_raw(path: str | os.PathLike) -> h5py.File:
+    if not os.path.exists(path):
+        raise DatasetError(f"{path}: no such file")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot open as HDF5 ({e}); the file is truncated or corrupt") from e
+
+
+def _raw_header(f: h5py.File, path: str | os.PathLike) -> tuple[str, dict, str]:
+    """(env name, env kwargs, recorded robosuite version) of an open raw demo file."""
+    if "data" not in f:
+        raise DatasetError(f"{path} [data]: missing group `data`; not a robosuite demo file")
+    attrs = f["data"].attrs
+    if "env_info" in attrs:  # robosuite's collect_human_demonstrations.py
+        env_kwargs = json.loads(attrs["env_info"])
+        env_name = env_kwargs.pop("env_name", None) or str(attrs.get("env"))
+    elif "env_args" in attrs:  # robomimic's raw demo*.hdf5
+        env_args = json.loads(attrs["env_args"])
+        env_name, env_kwargs = env_args["env_name"], dict(env_args["env_kwargs"])
+    else:
+        raise DatasetError(f"{path} [data]: neither `env_info` nor `env_args` attr; cannot tell which "
+                           "env recorded these demos")
+    return env_name, env_kwargs, str(attrs.get("repository_version", "unknown"))
 
 
 def _read_raw_demo(group: h5py.Group, path: str, name: str) -> RawDemo:

@@ -3,7 +3,8 @@
 `scripts/train_qwm.py` runs both phases, `scripts/pretrain_offline.py` only the first. `run` builds
 everything once (env, agent, buffer, logger, learning curve), hands them to the OfflineTrainer and then
 the OnlineTrainer, and ends with one evaluation of paired episodes. Everything a run produces lives in
-its run directory: metrics.jsonl, checkpoints/ (+ the replay buffer once online), offline_eval.json,
+its run directory: metrics.jsonl, checkpoints/ (+ the replay buffer once online), offline_eval.json, demos/
+(demos.generate: robo_rl/train/generated.py),
 curves.json/png, eval.json, videos/, and for language-conditioned LIBERO runs instruction_embeddings.json
 (the text model runs once per instruction; the checkpoints hold the table too). `resume=true` picks up
 from the newest checkpoint there: its model, optimizer, RNG and exactly the buffer saved with it; the
@@ -34,6 +35,7 @@ from robo_rl.envs import EnvSpec, env_spec, make_vec_env
 from robo_rl.envs.libero import task_instructions
 from robo_rl.schemas import TrainConfig
 from robo_rl.train.curves import LearningCurve
+from robo_rl.train.generated import generated_demos
 from robo_rl.train.offline import OfflineTrainer
 from robo_rl.train.online import OnlineTrainer
 from robo_rl.train.sources import Demos, offline_episodes, shaped_rewards
@@ -61,8 +63,13 @@ def run(cfg: TrainConfig, run_dir: str | Path, online: bool = True) -> dict:
     if rank == 0:
         hold_run_dir(run_dir)  # one writer per run directory; a live run's directory is refused here
     try:
+        demo_env_steps = 0
+        if cfg.demos.generate:  # before GracefulStop, so a signal stops it at once: it writes nothing half done
+            with distributed.main_first():  # rank 0 generates, the others read its record
+                generated = generated_demos(cfg, run_dir)
+            cfg, demo_env_steps = replace(cfg, dataset=str(generated.dataset)), generated.env_steps
         with GracefulStop() as stop:  # SIGINT / SIGTERM: a checkpoint at the next step boundary, then StopRequested
-            return _run(cfg, run_dir, online, rank, world, threads, started, stop)
+            return _run(cfg, run_dir, online, rank, world, threads, started, stop, demo_env_steps)
     except StopRequested as stopped:
         raise StopRequested(stopped.signum, f"{stopped}; continue the run with the same command plus resume=true "
                                             f"hydra.run.dir={run_dir}") from None
@@ -72,9 +79,10 @@ def run(cfg: TrainConfig, run_dir: str | Path, online: bool = True) -> dict:
 
 
 def _run(cfg: TrainConfig, run_dir: Path, online: bool, rank: int, world: int, threads: dict, started: float,
-         stop: GracefulStop) -> dict:
+         stop: GracefulStop, demo_env_steps: int) -> dict:
     """`run` in a run directory this process holds (rank 0), with the thread policy applied; a signal that `stop`
-    caught ends training at its next step boundary, or the final evaluation at once."""
+    caught ends training at its next step boundary, or the final evaluation at once. demo_env_steps: env steps
+    spent making the demos (demos.generate), reported beside the online ones."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(distributed.rank_seed(cfg.seed))
     spec = env_spec(cfg, render=True)
@@ -122,7 +130,10 @@ def _run(cfg: TrainConfig, run_dir: Path, online: bool, rank: int, world: int, t
         curve = LearningCurve(run_dir, resume_env_steps=None if state is None else progress.env_steps,
                               resume_offline_step=progress.offline_step,
                               no_search_actor=f"critic best-of-{best_of_n}" if best_of_n > 1 else "policy",
-                              title=f"{cfg.task.name}, budget={cfg.budget.name}, seed {cfg.seed} ({run_dir.name})")
+                              title=f"{cfg.task.name}, budget={cfg.budget.name}, seed {cfg.seed} ({run_dir.name})"
+                                    + (f"\n+ {demo_env_steps} env steps making the demos" if demo_env_steps else ""))
+        if demo_env_steps:
+            logger.log({"data/demo_env_steps": demo_env_steps}, progress.step)
 
         trainer: Trainer = OfflineTrainer(cfg, agent, buffer, logger, run_dir, progress, curve, stop)
         trainer.train()
@@ -141,7 +152,7 @@ def _run(cfg: TrainConfig, run_dir: Path, online: bool, rank: int, world: int, t
     if rank:
         logger.close()
         return {}
-    result, videos = _final_evaluation(trainer, online, started, threads)
+    result, videos = _final_evaluation(trainer, online, started, threads, demo_env_steps)
     logger.log_videos(videos, progress.step)
     if online:
         curve.add(progress.env_steps, result["success_rate"], result.get("success_rate_no_search"))
@@ -189,11 +200,14 @@ def build_buffer(cfg: TrainConfig, shapes: dict, demos: Demos) -> ReplayBuffer:
     return buffer
 
 
-def _final_evaluation(trainer: Trainer, online: bool, started: float, threads: dict) -> tuple[dict, list[str]]:
+def _final_evaluation(trainer: Trainer, online: bool, started: float, threads: dict,
+                      demo_env_steps: int) -> tuple[dict, list[str]]:
     """One pass of paired episodes with search (when on) and without, written as eval.json: the acting
-    actor's summary at the top level, both under `actors`, the paired search gain, the run's budgets and the
-    threads it computed with. Returns it and the paths of the videos recorded."""
+    actor's summary at the top level, both under `actors`, the paired search gain, the run's budgets (env steps
+    online, making demos, and both together) and the threads it computed with. Returns it and the paths of the
+    videos recorded."""
     cfg = trainer.cfg
+    online_env_steps = cfg.budget.online_steps if online else 0
     final = trainer.eval("final", videos=2)
     result: dict = {}
     if online and trainer.offline_success_rate is not None:
@@ -205,7 +219,8 @@ def _final_evaluation(trainer: Trainer, online: bool, started: float, threads: d
     result = {**final["actors"][trainer.acting], **result, "actors": final["actors"], "task": cfg.task.name,
               "worker_restarts": final["worker_restarts"],
               "planner": cfg.planner.name,
-              "offline_steps": cfg.budget.offline_steps, "online_env_steps": cfg.budget.online_steps if online else 0,
+              "offline_steps": cfg.budget.offline_steps, "online_env_steps": online_env_steps,
+              "demo_env_steps": demo_env_steps, "env_steps_total": online_env_steps + demo_env_steps,
               "num_online_transitions": trainer.buffer.num_online, "train_wall_s": time.time() - started,
               "threads": threads}
     write_json(trainer.run_dir / "eval.json", result)
