@@ -39,8 +39,8 @@ def check_generation_source(dataset: str, task: TaskConfig) -> None:
     """`dataset=` for demos.generate: one file, raw robosuite demos recorded in the task's env or a robomimic
     dataset of the task (`robo_rl/config.py` runs this before a run starts)."""
     try:
-        files = dataset_files(dataset)
-        if len(files) != 1 or files[0] != Path(dataset):
+        dataset_files(dataset)  # exists, or a message naming where to get it
+        if Path(dataset).is_dir():
             raise ConfigError(f"dataset={dataset} with demos.generate: generation starts from one file of demos, "
                               "not a folder; pass the file")
         raw = is_raw_robosuite(dataset)
