@@ -135,3 +135,30 @@ def test_flow_matching_clones_only_the_rows_it_is_given():
     assert loss(changed, rows) == loss(actions, rows)
     assert loss(changed) != loss(actions)
     assert loss(actions, torch.zeros(8, dtype=torch.bool)) == 0
+
+
+def test_self_consistency_trains_only_the_rows_it_is_given():
+    """sc_data="bc": states and actions of the other rows must not move the loss or reach the gradient; with
+    every row given, the loss and gradient equal the unmasked ones bit for bit (an offline phase is unchanged)."""
+    torch.manual_seed(0)
+    policy, target = ShortcutFlowPolicy(4, 2, (32,)), ShortcutFlowPolicy(4, 2, (32,))
+    z, actions = torch.randn(8, 4), torch.rand(8, 2) * 2 - 1
+    rows = torch.tensor([True, False] * 4)
+    z_changed, actions_changed = z.clone(), actions.clone()
+    z_changed[~rows], actions_changed[~rows] = 3 * z[~rows], -actions[~rows]
+
+    def loss_and_grad(z, a, rows=None):
+        policy.zero_grad()
+        torch.manual_seed(1)  # the same noise and times for every input
+        loss = policy.self_consistency_loss(z, a, target, rows)
+        loss.backward()
+        return loss.detach(), torch.cat([p.grad.flatten() for p in policy.parameters()])
+
+    kept, kept_grad = loss_and_grad(z, actions, rows)
+    changed, changed_grad = loss_and_grad(z_changed, actions_changed, rows)
+    assert kept == changed and torch.equal(kept_grad, changed_grad)
+    assert loss_and_grad(z_changed, actions_changed)[0] != loss_and_grad(z, actions)[0]
+    unmasked, unmasked_grad = loss_and_grad(z, actions)
+    every, every_grad = loss_and_grad(z, actions, torch.ones(8, dtype=torch.bool))
+    assert every == unmasked and torch.equal(every_grad, unmasked_grad)
+    assert loss_and_grad(z, actions, torch.zeros(8, dtype=torch.bool))[0] == 0

@@ -108,6 +108,29 @@ def test_bc_data_picks_the_rows_flow_matching_clones(bc_data, cloned):
             fm_loss({k: v for k, v in batch.items() if k != "success"})
 
 
+@pytest.mark.parametrize("sc_data, trained", [("all", (True, True)), ("bc", (True, False))])
+def test_sc_data_picks_the_rows_self_consistency_trains_on(sc_data, trained):
+    """Demo rows and online rows (bc_data=offline): changing the states and actions of a group moves the
+    self-consistency loss exactly when sc_data trains on that group."""
+    batch = synthetic_batch(LIFT_SHAPES)
+    demo = torch.arange(64) % 2 == 0
+    batch |= {"offline": demo, "success": demo}
+
+    def sc_loss(b: dict) -> float:
+        torch.manual_seed(0)
+        agent = SORLAgent(LIFT_SHAPES, ACTION_DIM, config=small_config(sc_data=sc_data, q_weight=0.0))
+        torch.manual_seed(1)  # the same noise and flow times for every batch
+        return agent.update(b)["sc_loss"]
+
+    reference = sc_loss(batch)
+    for group, is_trained in zip((demo, ~demo), trained):
+        obs = {k: torch.where(group.view(-1, *[1] * (v.dim() - 1)), 2 * v + 1, v) for k, v in batch["obs"].items()}
+        action = torch.where(group[:, None], -batch["action"], batch["action"])
+        assert (sc_loss(batch | {"obs": obs, "action": action}) != reference) == is_trained
+    with pytest.raises(ValueError, match="sc_data"):
+        small_config(sc_data="online")
+
+
 def test_action_chunks_and_image_obs():
     torch.manual_seed(0)
     shapes = {"agentview_image": (3, 48, 48), "object": (10,), "task_id": ()}

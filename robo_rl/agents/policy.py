@@ -109,16 +109,16 @@ class ShortcutFlowPolicy(nn.Module):
         return (error * rows).sum() / rows.sum().clamp_min(1)
 
     def self_consistency_loss(
-        self, z: torch.Tensor, actions: torch.Tensor, target: ShortcutFlowPolicy
+        self, z: torch.Tensor, actions: torch.Tensor, target: ShortcutFlowPolicy, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
         """One step of size 1/2^d must equal two steps of size 1/2^(d+1) by the (EMA) `target` policy.
 
         z [B, Z], actions [B, h*A] -> scalar. The batch is split evenly across d = 0 .. log2(M) - 1
-        (step counts 1, 2, ..., M/2); t is drawn on each row's step grid.
+        (step counts 1, 2, ..., M/2); t is drawn on each row's step grid. rows: optional bool [B], the rows
+        averaged over (default all; masked rather than indexed, so shapes stay fixed for torch.compile).
         """
         x1 = actions
-        rows = x1.shape[0]
-        log2_steps = (torch.arange(rows, device=x1.device) % self.log2_max_steps).to(x1.dtype)[:, None]  # [B, 1]
+        log2_steps = (torch.arange(x1.shape[0], device=x1.device) % self.log2_max_steps).to(x1.dtype)[:, None]  # [B, 1]
         steps = 2.0**log2_steps
         t = torch.floor(torch.rand_like(steps) * steps) / steps
         x0 = torch.randn_like(x1)
@@ -128,7 +128,14 @@ class ShortcutFlowPolicy(nn.Module):
             v_first = target.velocity(z, x_t, t, log2_steps + 1)
             v_second = target.velocity(z, x_t + half * v_first, t + half, log2_steps + 1)
             v_target = (v_first + v_second) / 2
-        return F.mse_loss(self.velocity(z, x_t, t, log2_steps), v_target)
+        velocity = self.velocity(z, x_t, t, log2_steps)
+        if rows is None:
+            return F.mse_loss(velocity, v_target)
+        # Rows left out regress onto themselves (zero error, zero gradient); rescaled to the mean over the
+        # rows kept. With every row kept the factor is exactly 1, so the loss equals the unmasked one bit for
+        # bit (an offline phase whose rows are all cloned is unchanged by the mask).
+        v_target = torch.where(rows[:, None], v_target, velocity.detach())
+        return F.mse_loss(velocity, v_target) * (rows.numel() / rows.sum().clamp_min(1))
 
     def _check_steps(self, steps: int) -> int:
         if steps < 1 or steps > self.max_steps or steps & (steps - 1):

@@ -36,6 +36,7 @@ from robo_rl.utils.precision import PRECISIONS, uses_bf16
 
 
 BC_DATA = ("offline", "successes", "all")  # SORLConfig.bc_data's choices
+SC_DATA = ("all", "bc")  # SORLConfig.sc_data's choices
 
 
 @dataclass
@@ -64,6 +65,11 @@ class SORLConfig:
     # offline data only teach the critic), or "all".
     bc_data: str = "offline"
     sc_weight: float = 10.0
+    # Which rows the self-consistency term trains on: "all", or "bc" (the rows flow matching clones, by bc_data).
+    # On rows flow matching does not clone (online exploration) nothing anchors the finest-step flow that the
+    # coarse steps are distilled from; there, few-demo Lift's policy alone fell 0.36 below its offline start
+    # after 5k online env steps, 0.12 with "bc" (docs/results.md).
+    sc_data: str = "all"
     q_weight: float = 2.0  # task-tuned (SORL: 10-500; 10 was fragile here, conf/agent/sorl.yaml); 0: BC only
     # Critic: Q ensemble.
     critic_hidden_dims: tuple[int, ...] = (512, 512, 512, 512)
@@ -107,6 +113,8 @@ class SORLConfig:
             raise ValueError(f"execute_steps={self.execute_steps}: must be >= 1 (null: the whole chunk)")
         if self.bc_data not in BC_DATA:
             raise ValueError(f"bc_data={self.bc_data!r}: must be one of {BC_DATA}")
+        if self.sc_data not in SC_DATA:
+            raise ValueError(f"sc_data={self.sc_data!r}: must be one of {SC_DATA}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r}: must be one of {', '.join(PRECISIONS)}")
         if self.target_best_of_n < 1:
@@ -353,11 +361,13 @@ class SORLAgent(nn.Module):
     def actor_loss(self, z: torch.Tensor, action: torch.Tensor, bc_rows: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Weighted flow-matching + self-consistency - normalised Q: z [B, Z], dataset action [B, h*A];
-        bc_rows: optional bool [B], the rows flow matching clones (default all)."""
+        bc_rows: optional bool [B], the rows flow matching clones (default all); with sc_data "bc", also
+        the rows self-consistency trains on."""
         cfg = self.config
         z_fixed = z.detach()  # the SC and Q terms train the policy, not the encoder
         fm_loss = self.policy.flow_matching_loss(z, action, bc_rows)
-        sc_loss = self.policy.self_consistency_loss(z_fixed, action, self.target_policy)
+        sc_rows = bc_rows if cfg.sc_data == "bc" else None
+        sc_loss = self.policy.self_consistency_loss(z_fixed, action, self.target_policy, sc_rows)
         loss = cfg.fm_weight * fm_loss + cfg.sc_weight * sc_loss
         info = {"fm_loss": fm_loss, "sc_loss": sc_loss}
         if cfg.q_weight:
