@@ -67,8 +67,9 @@ class SORLConfig:
     sc_weight: float = 10.0
     # Which rows the self-consistency term trains on: "all", or "bc" (the rows flow matching clones, by bc_data).
     # On rows flow matching does not clone (online exploration) nothing anchors the finest-step flow that the
-    # coarse steps are distilled from; there, few-demo Lift's policy alone fell 0.36 below its offline start
-    # after 5k online env steps, 0.12 with "bc" (docs/results.md).
+    # coarse steps are distilled from. "all" stays the default: through whole runs "bc" kept few-demo Lift's final
+    # policy at its offline start (+0.15 over "all") but not mid-run, took the search's gain away, and on Can
+    # the policy fell as far as with "all" (docs/results.md, 2026-12-08).
     sc_data: str = "all"
     q_weight: float = 2.0  # task-tuned (SORL: 10-500; 10 was fragile here, conf/agent/sorl.yaml); 0: BC only
     # Critic: Q ensemble.
